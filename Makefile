@@ -1,0 +1,35 @@
+# pgqueue — run `make help` for the targets.
+PYTHON ?= python3
+PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+VENV ?= .venv/py$(PYVER)
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help venv test lint format check-migrations clean
+
+help: ## Show this help
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
+
+$(BIN)/.installed: pyproject.toml
+	@test -n "$(PYVER)" || { echo "$(PYTHON) not found: set PYTHON=/path/to/python3.11+"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+venv: $(BIN)/.installed ## Create the virtual environment (.venv/pyX.Y) and install pgqueue with its dev tools
+
+test: venv ## Run the whole test suite (starts an embedded PostgreSQL unless DATABASE_URL is set)
+	$(BIN)/python scripts/with_db.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: venv ## ruff check and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: venv ## Format the code with ruff
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean: ## Remove virtual environments and caches
+	rm -rf .venv .pytest_cache .ruff_cache

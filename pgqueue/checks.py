@@ -1,0 +1,106 @@
+"""System checks: the database pgqueue needs, and valid PGQUEUE settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import Error, Tags, register
+from django.db import connections
+
+from .conf import DEFAULTS, pgqueue_settings
+from .scheduling import ORDERINGS
+
+MIN_POSTGRES = 140000
+
+
+@register(Tags.database)
+def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
+    """pgqueue relies on SKIP LOCKED, LISTEN/NOTIFY and advisory locks: PostgreSQL >= 14."""
+    errors: list = []
+    for alias in databases or []:
+        conn = connections[alias]
+        if conn.vendor != "postgresql":
+            errors.append(
+                Error(
+                    f"pgqueue needs PostgreSQL, but DATABASES[{alias!r}] uses {conn.vendor}.",
+                    hint="Point DATABASES at PostgreSQL 14 or newer "
+                    "(ENGINE 'django.db.backends.postgresql').",
+                    id="pgqueue.E001",
+                )
+            )
+            continue
+        conn.ensure_connection()
+        if conn.pg_version < MIN_POSTGRES:
+            major, minor = divmod(conn.pg_version, 10000)
+            errors.append(
+                Error(
+                    f"pgqueue needs PostgreSQL 14 or newer; DATABASES[{alias!r}] runs "
+                    f"{major}.{minor}.",
+                    hint="Upgrade the PostgreSQL server to 14 or newer.",
+                    id="pgqueue.E002",
+                )
+            )
+    return errors
+
+
+def _number(name: str, value: Any, *, minimum: float, integer: bool = False) -> str | None:
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or value < minimum:
+        what = "an integer" if integer else "a number"
+        return f"PGQUEUE[{name!r}] must be {what} >= {minimum}, got {value!r}."
+    return None
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
+    """Every PGQUEUE setting is known and has a usable value."""
+    s = pgqueue_settings
+    problems: list[str] = []
+    unknown = sorted(set(s.user_settings) - set(DEFAULTS))
+    if unknown:
+        problems.append(
+            f"Unknown PGQUEUE setting(s): {', '.join(unknown)}. "
+            f"Known settings: {', '.join(sorted(DEFAULTS))}."
+        )
+    for name, minimum, integer in [
+        ("LEASE_SECONDS", 1, False),
+        ("BACKOFF_BASE", 0, False),
+        ("BACKOFF_CAP", 0, False),
+        ("POLL_SECONDS", 0.01, False),
+        ("MAINTENANCE_SECONDS", 0.01, False),
+        ("BATCH_SIZE", 1, True),
+        ("MAINTENANCE_BATCH_SIZE", 1, True),
+        ("MAX_PAYLOAD_BYTES", 2, True),
+    ]:
+        problem = _number(name, getattr(s, name), minimum=minimum, integer=integer)
+        if problem:
+            problems.append(problem)
+    if s.HEARTBEAT_SECONDS is not None:
+        problem = _number("HEARTBEAT_SECONDS", s.HEARTBEAT_SECONDS, minimum=0.01)
+        if problem:
+            problems.append(problem)
+        elif s.HEARTBEAT_SECONDS >= s.LEASE_SECONDS:
+            problems.append(
+                "PGQUEUE['HEARTBEAT_SECONDS'] must be shorter than PGQUEUE['LEASE_SECONDS'], "
+                "or leases expire between heartbeats."
+            )
+    dma = s.DEFAULT_MAX_ATTEMPTS
+    if isinstance(dma, bool) or not isinstance(dma, int) or not 1 <= dma <= 100:
+        problems.append(f"PGQUEUE['DEFAULT_MAX_ATTEMPTS'] must be an integer 1..100, got {dma!r}.")
+    if s.ORDERING not in ORDERINGS:
+        problems.append(f"PGQUEUE['ORDERING'] must be one of {ORDERINGS}, got {s.ORDERING!r}.")
+    for name in ("DEFAULT_QUEUE", "DEFAULT_TENANT", "NOTIFY_CHANNEL"):
+        value = getattr(s, name)
+        if not isinstance(value, str) or not value or len(value) > 63:
+            problems.append(f"PGQUEUE[{name!r}] must be a non-empty string, got {value!r}.")
+    modules = s.TASK_MODULES
+    if not isinstance(modules, list | tuple) or not all(isinstance(m, str) for m in modules):
+        problems.append(f"PGQUEUE['TASK_MODULES'] must be a list of module names, got {modules!r}.")
+    return [
+        Error(
+            p,
+            hint="Fix settings.PGQUEUE; see the configuration table in the README.",
+            id="pgqueue.E003",
+        )
+        for p in problems
+    ]

@@ -1,0 +1,86 @@
+"""The ``settings.PGQUEUE`` namespace.
+
+Mirrors DRF's ``api_settings``: one object with documented defaults, read lazily and
+reloaded when ``override_settings`` changes ``PGQUEUE`` so tests see the new values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+
+#: Every setting, its default and what it means. The README's configuration table is
+#: generated from the same words; keep them in step.
+DEFAULTS: dict[str, Any] = {
+    # Seconds a claimed job's lease lasts. A worker that neither finishes nor heartbeats
+    # within it is presumed dead and the job is recovered (counting as an attempt).
+    "LEASE_SECONDS": 30.0,
+    # Seconds between heartbeats; None means LEASE_SECONDS / 3.
+    "HEARTBEAT_SECONDS": None,
+    # Retry backoff: random(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1))) seconds.
+    "BACKOFF_BASE": 1.0,
+    "BACKOFF_CAP": 300.0,
+    # Attempts a job gets when neither the task nor the enqueue call says otherwise (1..100).
+    "DEFAULT_MAX_ATTEMPTS": 5,
+    "DEFAULT_QUEUE": "default",
+    "DEFAULT_TENANT": "default",
+    # Seconds between fallback polls of an idle worker (LISTEN/NOTIFY wakes it sooner).
+    "POLL_SECONDS": 1.0,
+    # Most jobs one claim statement takes (a worker never claims more than its free slots).
+    "BATCH_SIZE": 50,
+    # Seconds between maintenance runs (reaping expired leases, promoting due jobs).
+    "MAINTENANCE_SECONDS": 1.0,
+    # Most rows one maintenance statement reaps or promotes.
+    "MAINTENANCE_BATCH_SIZE": 1000,
+    # "fair" (start-time fair queuing across tenants) or "fifo" (arrival order). FIFO
+    # exists so benchmarks and tests can show what fairness buys; it applies to jobs
+    # that become runnable after the change.
+    "ORDERING": "fair",
+    # Largest accepted payload, in bytes of its JSON text.
+    "MAX_PAYLOAD_BYTES": 256 * 1024,
+    # The LISTEN/NOTIFY channel workers wake on.
+    "NOTIFY_CHANNEL": "pgqueue",
+    # Modules looked up in every installed app for @pgqueue.task definitions.
+    "TASK_MODULES": ["tasks"],
+    # Serve /metrics and /stats without credentials.
+    "METRICS_PUBLIC": False,
+}
+
+
+class PgQueueSettings:
+    """Attribute access to ``settings.PGQUEUE`` with defaults filled in."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] = {}
+
+    @property
+    def user_settings(self) -> dict[str, Any]:
+        return getattr(settings, "PGQUEUE", None) or {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"Invalid pgqueue setting: {name!r}")
+        if name not in self._cache:
+            self._cache[name] = self.user_settings.get(name, DEFAULTS[name])
+        return self._cache[name]
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        hb = self.HEARTBEAT_SECONDS
+        return float(hb) if hb is not None else float(self.LEASE_SECONDS) / 3.0
+
+    def reload(self) -> None:
+        self._cache.clear()
+
+
+pgqueue_settings = PgQueueSettings()
+
+
+def _reload(*, setting: str, **kwargs: Any) -> None:
+    if setting == "PGQUEUE":
+        pgqueue_settings.reload()
+
+
+setting_changed.connect(_reload)

@@ -1,0 +1,77 @@
+"""pgqueue's exceptions. Each class's docstring is the default message."""
+
+from __future__ import annotations
+
+
+class PgQueueError(Exception):
+    """A pgqueue error."""
+
+    #: A short machine-readable code, used by the HTTP API's JSON errors.
+    code = "pgqueue_error"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+    @property
+    def detail(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class PermanentError(PgQueueError):
+    """The job failed in a way that retrying cannot fix; it goes straight to dead.
+
+    Raise it from a handler for bad input and similar failures: no further attempt is made.
+    """
+
+    code = "permanent_error"
+
+
+class InvalidJob(PgQueueError):
+    """The job was refused: one of its fields is invalid."""
+
+    code = "invalid"
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+    @property
+    def fields(self) -> dict[str, str]:
+        return {self.field: self.reason}
+
+
+class UnknownTask(InvalidJob):
+    """No task is registered under that name."""
+
+    code = "unknown_task"
+
+    def __init__(self, name: str) -> None:
+        self.task_name = name
+        super().__init__("task", f"no task named {name!r} is registered")
+
+
+class PayloadTooLarge(InvalidJob):
+    """The payload is larger than PGQUEUE["MAX_PAYLOAD_BYTES"]."""
+
+    code = "payload_too_large"
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__("payload", f"{size} bytes of JSON, more than the limit of {limit}")
+
+
+class JobNotFound(PgQueueError):
+    """No such job."""
+
+    code = "not_found"
+
+
+class InvalidTransition(PgQueueError):
+    """The job is not in a state that allows this operation."""
+
+    code = "conflict"
+
+    def __init__(self, job_id: int, status: str, action: str, allowed: str) -> None:
+        self.job_id = job_id
+        self.status = status
+        super().__init__(f"job {job_id} is {status}; only {allowed} jobs can be {action}")

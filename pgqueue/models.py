@@ -1,0 +1,230 @@
+"""pgqueue's tables.
+
+The hot paths never go through the ORM: they use the named statements in ``pgqueue.sql``.
+The models exist for migrations, the admin and read-only queries, and they carry the
+partial indexes and CHECK constraints those statements rely on.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+NAME_MAX = 64
+
+
+class Status(models.TextChoices):
+    SCHEDULED = "scheduled"  # waiting for run_at (a delay or a retry backoff)
+    QUEUED = "queued"  # runnable, ordered by priority then fair virtual time
+    RUNNING = "running"  # leased to a worker
+    DONE = "done"
+    DEAD = "dead"  # out of attempts, or a permanent error
+    CANCELLED = "cancelled"
+
+
+class Outcome(models.TextChoices):
+    DONE = "done"
+    FAILED = "failed"
+    LEASE_EXPIRED = "lease_expired"
+    CANCELLED = "cancelled"
+
+
+class Tenant(models.Model):
+    """Whoever a job is done for. Weight is its share of the workers in every queue."""
+
+    name = models.CharField(primary_key=True, max_length=NAME_MAX)
+    weight = models.FloatField(default=1.0)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgqueue_tenant"
+        constraints = [
+            models.CheckConstraint(condition=Q(weight__gt=0), name="pgqueue_tenant_weight_gt_0"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class QueueWeight(models.Model):
+    """A tenant's weight in one queue, overriding ``Tenant.weight`` there."""
+
+    queue = models.CharField(max_length=NAME_MAX)
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, db_column="tenant", related_name="queue_weights"
+    )
+    weight = models.FloatField()
+
+    class Meta:
+        db_table = "pgqueue_queue_weight"
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "queue"], name="pgqueue_queue_weight_uniq"),
+            models.CheckConstraint(
+                condition=Q(weight__gt=0), name="pgqueue_queue_weight_weight_gt_0"
+            ),
+        ]
+
+
+class FairClock(models.Model):
+    """The virtual clock of one tenant in one queue at one priority level.
+
+    Each priority level of a queue is its own fair-queuing system (priority orders strictly
+    before fairness), so a tenant's clock is kept per (queue, priority). ``vtime`` is the
+    virtual time of the tenant's most recently queued job there. See ``pgqueue.scheduling``.
+    """
+
+    queue = models.CharField(max_length=NAME_MAX)
+    tenant = models.ForeignKey(
+        Tenant,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_column="tenant",
+        db_index=False,
+        related_name="+",
+    )
+    priority = models.SmallIntegerField()
+    vtime = models.FloatField(default=0.0)
+
+    class Meta:
+        db_table = "pgqueue_fair_clock"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "tenant", "priority"], name="pgqueue_fair_clock_uniq"
+            ),
+        ]
+        indexes = [
+            # "Where is this priority level's clock?" when it has no queued job: max(vtime).
+            models.Index(fields=["queue", "priority", "vtime"], name="pgqueue_fair_clock_level"),
+        ]
+
+
+class Job(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=NAME_MAX)
+    # The enqueue statement creates the tenant row itself; a foreign-key constraint would
+    # add a per-row check to every enqueue, so none is declared in the database.
+    tenant = models.ForeignKey(
+        Tenant,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_column="tenant",
+        db_index=False,
+        related_name="jobs",
+    )
+    task = models.CharField(max_length=200)
+    payload = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    priority = models.SmallIntegerField(default=0)
+    vtime = models.FloatField(null=True, blank=True)
+    attempts = models.IntegerField(default=0)
+    max_attempts = models.IntegerField(default=5)
+    run_at = models.DateTimeField(db_default=Now())
+    lease_owner = models.CharField(max_length=NAME_MAX * 2, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    last_error = models.TextField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "pgqueue_job"
+        indexes = [
+            # JOB_CLAIM: runnable jobs in claim order, and nothing else.
+            models.Index(
+                fields=["queue", "-priority", "vtime", "id"],
+                condition=Q(status="queued"),
+                name="pgqueue_job_claim",
+            ),
+            # JOB_PROMOTE_DUE: scheduled jobs by when they become runnable.
+            models.Index(
+                fields=["run_at"], condition=Q(status="scheduled"), name="pgqueue_job_scheduled"
+            ),
+            # JOB_REAP_EXPIRED: running jobs by lease expiry.
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(status="running"),
+                name="pgqueue_job_lease",
+            ),
+        ]
+        constraints = [
+            # Idempotency keys are unique per tenant; JOB_ENQUEUE's ON CONFLICT names it.
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="pgqueue_job_idempotency",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=Status.values), name="pgqueue_job_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100),
+                name="pgqueue_job_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1, max_attempts__lte=100),
+                name="pgqueue_job_max_attempts_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(attempts__gte=0, attempts__lte=models.F("max_attempts")),
+                name="pgqueue_job_attempts_range",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="queued") | Q(vtime__isnull=False),
+                name="pgqueue_job_queued_has_vtime",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="running")
+                | Q(lease_owner__isnull=False, lease_expires_at__isnull=False),
+                name="pgqueue_job_running_has_lease",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.id} {self.task} ({self.status})"
+
+
+class JobAttempt(models.Model):
+    """One finished attempt of a job: who ran it, when, and how it ended."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="history")
+    attempt = models.IntegerField()
+    worker = models.CharField(max_length=NAME_MAX * 2)
+    started_at = models.DateTimeField(null=True)
+    finished_at = models.DateTimeField(db_default=Now())
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    error = models.TextField(null=True, blank=True)
+    traceback = models.TextField(null=True, blank=True)
+
+    class Meta:
+        db_table = "pgqueue_job_attempt"
+        ordering = ["job_id", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(outcome__in=Outcome.values), name="pgqueue_attempt_outcome_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt}: {self.outcome}"
+
+
+class Worker(models.Model):
+    """A running (or recently stopped) worker process, so operators can see who is alive."""
+
+    id = models.CharField(primary_key=True, max_length=NAME_MAX * 2)
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    queues = models.JSONField(default=list)
+    concurrency = models.IntegerField()
+    started_at = models.DateTimeField(db_default=Now())
+    last_seen_at = models.DateTimeField(db_default=Now())
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "pgqueue_worker"
+
+    def __str__(self) -> str:
+        return self.id

@@ -1,0 +1,396 @@
+"""The service layer: every state change a user or operator asks for.
+
+The Python API, the HTTP API, the admin and the Tasks backend all call these functions;
+none of them writes job rows itself. Validation lives here too, so every entry point
+refuses bad input with the same field and reason.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from . import store
+from .conf import pgqueue_settings
+from .exceptions import InvalidJob, InvalidTransition, JobNotFound, PayloadTooLarge
+from .models import Job, Status
+from .registry import Task, get_task
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+MAX_DELAY_SECONDS = 365 * 24 * 3600
+MAX_BATCH = 1000
+IDEMPOTENCY_KEY_MAX = 255
+
+
+class Enqueued(NamedTuple):
+    """What ``enqueue`` returns: the job, and False when an idempotency key matched."""
+
+    job: Job
+    created: bool
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Validated, defaulted options of an enqueue call."""
+
+    task: str
+    tenant: str
+    queue: str
+    priority: int
+    max_attempts: int
+    run_at: dt.datetime | None  # None: runnable now
+    idempotency_key: str | None
+
+
+@dataclass
+class BulkResult:
+    """What an operation on several jobs did: which changed, and why others did not."""
+
+    changed: list[int] = field(default_factory=list)
+    skipped: dict[int, str] = field(default_factory=dict)  # id -> reason
+    missing: list[int] = field(default_factory=list)  # ids that name no job
+    statuses: dict[int, str] = field(default_factory=dict)  # status of each skipped job
+
+    def __len__(self) -> int:
+        return len(self.changed)
+
+
+# -- validation ---------------------------------------------------------------------------
+
+
+def validate_name(value: Any, field_name: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidJob(field_name, "must be a string")
+    if not value:
+        raise InvalidJob(field_name, "must not be empty")
+    if not NAME_RE.match(value):
+        raise InvalidJob(field_name, "must match [A-Za-z0-9_.-]{1,64}")
+    return value
+
+
+def _int_in_range(value: Any, field_name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidJob(field_name, f"must be an integer from {low} to {high}")
+    if not low <= value <= high:
+        raise InvalidJob(field_name, f"must be from {low} to {high}, got {value}")
+    return value
+
+
+def validate_priority(value: Any) -> int:
+    return _int_in_range(value, "priority", -100, 100)
+
+
+def validate_max_attempts(value: Any) -> int:
+    return _int_in_range(value, "max_attempts", 1, 100)
+
+
+def validate_weight(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidJob("weight", "must be a number greater than 0")
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidJob("weight", f"must be a finite number greater than 0, got {value}")
+    return float(value)
+
+
+def _run_at(run_at: Any, delay: Any) -> dt.datetime | None:
+    """When the job becomes runnable; None means now (it is queued, not scheduled)."""
+    if run_at is not None and delay is not None:
+        raise InvalidJob("run_at", "give run_at or delay, not both")
+    if delay is not None:
+        if isinstance(delay, dt.timedelta):
+            seconds = delay.total_seconds()
+        elif isinstance(delay, int | float) and not isinstance(delay, bool):
+            seconds = float(delay)
+        else:
+            raise InvalidJob("delay", "must be a number of seconds or a timedelta")
+        if not math.isfinite(seconds) or not 0 <= seconds <= MAX_DELAY_SECONDS:
+            raise InvalidJob("delay", f"must be from 0 to {MAX_DELAY_SECONDS} seconds")
+        return timezone.now() + dt.timedelta(seconds=seconds) if seconds > 0 else None
+    if run_at is not None:
+        if not isinstance(run_at, dt.datetime):
+            raise InvalidJob("run_at", "must be a datetime")
+        if timezone.is_naive(run_at):
+            raise InvalidJob("run_at", "must be timezone-aware")
+        return run_at if run_at > timezone.now() else None
+    return None
+
+
+def encode_payload(payload: Any, field_name: str = "payload") -> str:
+    """The payload as JSON text, refusing what JSON (and jsonb) cannot hold."""
+    try:
+        text = json.dumps(payload, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidJob(field_name, f"is not JSON-serialisable: {exc}") from None
+    if "\\u0000" in text:
+        raise InvalidJob(field_name, "contains a NUL character, which PostgreSQL cannot store")
+    limit = int(pgqueue_settings.MAX_PAYLOAD_BYTES)
+    size = len(text.encode())
+    if size > limit:
+        raise PayloadTooLarge(size, limit)
+    return text
+
+
+def resolve_options(
+    task: Task | str,
+    *,
+    tenant: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: dt.datetime | None = None,
+    delay: float | dt.timedelta | None = None,
+    idempotency_key: str | None = None,
+    max_attempts: int | None = None,
+) -> JobOptions:
+    """Validate an enqueue call's options and fill in the task's and settings' defaults."""
+    if isinstance(task, str):
+        task = get_task(task)
+    elif not isinstance(task, Task):
+        raise InvalidJob("task", "must be a task name or a @pgqueue.task function")
+    s = pgqueue_settings
+    if idempotency_key is not None and (
+        not isinstance(idempotency_key, str) or not 1 <= len(idempotency_key) <= IDEMPOTENCY_KEY_MAX
+    ):
+        raise InvalidJob(
+            "idempotency_key", f"must be a string of 1 to {IDEMPOTENCY_KEY_MAX} characters"
+        )
+    return JobOptions(
+        task=task.name,
+        tenant=validate_name(s.DEFAULT_TENANT if tenant is None else tenant, "tenant"),
+        queue=validate_name(_first(queue, task.queue, s.DEFAULT_QUEUE), "queue"),
+        priority=validate_priority(_first(priority, task.priority, 0)),
+        max_attempts=validate_max_attempts(
+            _first(max_attempts, task.max_attempts, s.DEFAULT_MAX_ATTEMPTS)
+        ),
+        run_at=_run_at(run_at, delay),
+        idempotency_key=idempotency_key,
+    )
+
+
+def _first(*values: Any) -> Any:
+    return next(v for v in values if v is not None)
+
+
+# -- enqueue ------------------------------------------------------------------------------
+
+
+def enqueue(
+    task: Task | str,
+    payload: Any = None,
+    *,
+    tenant: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: dt.datetime | None = None,
+    delay: float | dt.timedelta | None = None,
+    idempotency_key: str | None = None,
+    max_attempts: int | None = None,
+    using: str = "default",
+) -> Enqueued:
+    """Enqueue one job in the current transaction of ``using``.
+
+    A rollback of the surrounding transaction leaves no job, charges the tenant no
+    virtual time and wakes no worker (the notification is delivered on commit only).
+    With an idempotency key already used by the tenant, returns that job and False.
+    """
+    opts = resolve_options(
+        task,
+        tenant=tenant,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        delay=delay,
+        idempotency_key=idempotency_key,
+        max_attempts=max_attempts,
+    )
+    payloads_json = f"[{encode_payload(payload)}]"
+    if opts.idempotency_key is None:
+        with connections[using].cursor() as cursor:
+            (job_id,) = _insert(cursor, opts, payloads_json, 1)
+        return Enqueued(_job(job_id, opts, payload), True)
+
+    # A savepoint makes the refund below exact: the clock row stays locked until it ends.
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        ids = _insert(cursor, opts, payloads_json, 1)
+        if ids:
+            return Enqueued(_job(ids[0], opts, payload), True)
+        if opts.run_at is None:
+            store.refund_clock(
+                cursor, tenant=opts.tenant, queue=opts.queue, priority=opts.priority, count=1
+            )
+        existing = store.job_id_for_key(
+            cursor, tenant=opts.tenant, idempotency_key=opts.idempotency_key
+        )
+    return Enqueued(Job.objects.using(using).get(pk=existing), False)
+
+
+def enqueue_many(
+    task: Task | str,
+    payloads: Iterable[Any],
+    *,
+    tenant: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: dt.datetime | None = None,
+    delay: float | dt.timedelta | None = None,
+    max_attempts: int | None = None,
+    using: str = "default",
+) -> list[int]:
+    """Enqueue one job per payload, in order, and return their ids.
+
+    Each chunk of up to 1,000 jobs is one statement; all chunks share one transaction, so
+    either every job is enqueued or none is. The tenant's jobs keep the payloads' order.
+    """
+    if isinstance(payloads, str | bytes | dict):
+        raise InvalidJob("payloads", "must be a list of payloads")
+    opts = resolve_options(
+        task,
+        tenant=tenant,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        delay=delay,
+        max_attempts=max_attempts,
+    )
+    encoded = [encode_payload(p, f"payloads[{i}]") for i, p in enumerate(payloads)]
+    if not encoded:
+        return []
+    ids: list[int] = []
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        for start in range(0, len(encoded), MAX_BATCH):
+            chunk = encoded[start : start + MAX_BATCH]
+            ids.extend(_insert(cursor, opts, f"[{','.join(chunk)}]", len(chunk)))
+    return ids
+
+
+def _insert(cursor: Any, opts: JobOptions, payloads_json: str, count: int) -> list[int]:
+    return store.enqueue(
+        cursor,
+        task=opts.task,
+        tenant=opts.tenant,
+        queue=opts.queue,
+        priority=opts.priority,
+        max_attempts=opts.max_attempts,
+        payloads_json=payloads_json,
+        count=count,
+        idempotency_key=opts.idempotency_key,
+        run_at=opts.run_at,
+    )
+
+
+def _job(job_id: int, opts: JobOptions, payload: Any) -> Job:
+    """The new job as a model instance, without reading it back (one query per enqueue)."""
+    job = Job(
+        id=job_id,
+        queue=opts.queue,
+        tenant_id=opts.tenant,
+        task=opts.task,
+        payload=payload,
+        status=Status.QUEUED if opts.run_at is None else Status.SCHEDULED,
+        priority=opts.priority,
+        attempts=0,
+        max_attempts=opts.max_attempts,
+        idempotency_key=opts.idempotency_key,
+    )
+    if opts.run_at is not None:
+        job.run_at = opts.run_at
+    job._state.adding = False
+    return job
+
+
+# -- operator actions ---------------------------------------------------------------------
+
+
+def _bulk(ids: Sequence[int], using: str, action: str, allowed: str, change: Any) -> BulkResult:
+    ids = list(dict.fromkeys(int(i) for i in ids))
+    result = BulkResult()
+    if not ids:
+        return result
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        result.changed = sorted(change(cursor, ids))
+        rest = [i for i in ids if i not in set(result.changed)]
+        if rest:
+            result.statuses = store.statuses(cursor, rest)
+            for i in rest:
+                if i in result.statuses:
+                    status = result.statuses[i]
+                    result.skipped[i] = f"job {i} is {status}; only {allowed} jobs can be {action}"
+                else:
+                    result.missing.append(i)
+                    result.skipped[i] = f"job {i} does not exist"
+    return result
+
+
+def cancel_jobs(ids: Sequence[int], *, using: str = "default") -> BulkResult:
+    """Cancel scheduled or queued jobs. Running and finished jobs are skipped."""
+    return _bulk(ids, using, "cancelled", "scheduled or queued", store.cancel_many)
+
+
+def retry_jobs(ids: Sequence[int], *, using: str = "default") -> BulkResult:
+    """Send dead or cancelled jobs back to run: attempts restart from 0, history is kept.
+
+    A job whose run_at is still ahead waits in scheduled; the others are queued now with a
+    fresh fair vtime.
+    """
+
+    def change(cursor: Any, ids: list[int]) -> list[int]:
+        changed = store.retry_many(cursor, ids)
+        if changed:
+            store.promote_ids(cursor, changed)
+        return changed
+
+    return _bulk(ids, using, "retried", "dead or cancelled", change)
+
+
+def run_jobs_now(ids: Sequence[int], *, using: str = "default") -> BulkResult:
+    """Make scheduled jobs runnable now instead of at their run_at."""
+
+    def change(cursor: Any, ids: list[int]) -> list[int]:
+        changed = store.run_now_many(cursor, ids)
+        if changed:
+            store.promote_ids(cursor, changed)
+        return changed
+
+    return _bulk(ids, using, "run now", "scheduled", change)
+
+
+def _single(result: BulkResult, job_id: int, action: str, allowed: str, using: str) -> Job:
+    if job_id in result.missing:
+        raise JobNotFound(f"job {job_id} does not exist")
+    if job_id in result.skipped:
+        raise InvalidTransition(job_id, result.statuses[job_id], action, allowed)
+    return Job.objects.using(using).get(pk=job_id)
+
+
+def cancel(job_id: int, *, using: str = "default") -> Job:
+    """Cancel one job; raises JobNotFound or InvalidTransition (running or finished)."""
+    return _single(
+        cancel_jobs([job_id], using=using), job_id, "cancelled", "scheduled or queued", using
+    )
+
+
+def retry(job_id: int, *, using: str = "default") -> Job:
+    """Retry one dead or cancelled job; raises JobNotFound or InvalidTransition."""
+    return _single(retry_jobs([job_id], using=using), job_id, "retried", "dead or cancelled", using)
+
+
+def set_tenant_weight(
+    tenant: str, weight: float, *, queue: str | None = None, using: str = "default"
+) -> None:
+    """Set a tenant's weight in every queue, or with ``queue`` in that queue only.
+
+    Creates the tenant if new. Applies to jobs that become runnable from now on.
+    """
+    tenant = validate_name(tenant, "tenant")
+    if queue is not None:
+        queue = validate_name(queue, "queue")
+    weight = validate_weight(weight)
+    with connections[using].cursor() as cursor:
+        store.set_weight(cursor, tenant=tenant, weight=weight, queue=queue)

@@ -1,0 +1,379 @@
+"""Every statement of pgqueue's hot paths, named Entity + Verb, in one place.
+
+Each statement says what it locks, which index serves it and who calls it. Parameters are
+bound by the driver (``%(name)s``), never formatted in. The scheduling policy's fragments
+come from ``pgqueue.scheduling`` and are fixed SQL built at import time.
+
+Conventions:
+- ``%(now)s`` is an optional timestamp that tests inject instead of sleeping; NULL means
+  the transaction's ``now()``.
+- Payloads and results travel as JSON text (``::jsonb`` on the way in, ``::text`` on the
+  way out), so the same statements work on Django's connection and on a bare psycopg one.
+- Every write a worker makes to a job it claimed (complete, fail, heartbeat) is fenced:
+  ``status = 'running' AND lease_owner = <worker> AND attempts = <the attempt it claimed>``.
+"""
+
+from __future__ import annotations
+
+from .scheduling import job_vtime, level_head, tenant_weight
+
+NOW = "COALESCE(%(now)s::timestamptz, now())"
+
+#: Full-jitter exponential backoff, in seconds, for a job's ``attempts`` so far.
+BACKOFF = (
+    "random() * LEAST(%(backoff_cap)s::float8, "
+    "%(backoff_base)s::float8 * power(2.0, GREATEST({attempts} - 1, 0)))"
+)
+
+# -- name: TENANT_ENSURE
+# Used inside the enqueue statements: creates the tenant if new. DO NOTHING takes no row
+# lock on an existing tenant, so enqueues never queue behind a weight change.
+_TENANT_ENSURE = """
+    INSERT INTO pgqueue_tenant (name, weight) VALUES (%(tenant)s, 1.0)
+    ON CONFLICT (name) DO NOTHING
+"""
+
+# -- name: JOB_ENQUEUE
+# Enqueue 1..1,000 runnable jobs of one task, tenant, queue and priority in one statement.
+# Called by services.enqueue / enqueue_many, inside the caller's transaction.
+# Locks: the tenant's fair-clock row for (queue, tenant, priority), by INSERT .. ON CONFLICT
+#   DO UPDATE, until the caller's transaction ends. Concurrent enqueues of one tenant at one
+#   level therefore serialise and get distinct vtimes; other tenants are not blocked.
+# Indexes: pgqueue_fair_clock_uniq (the upsert), pgqueue_job_claim and
+#   pgqueue_fair_clock_level (the level head, one tuple each), pgqueue_job_idempotency.
+# An idempotency key already taken (and committed) is seen before the clock is charged, so
+# the tenant pays no virtual time for it. Racing duplicates are settled by ON CONFLICT; the
+# loser refunds the clock with FAIR_CLOCK_REFUND. pg_notify is delivered only on commit:
+# a rolled-back enqueue leaves no job, no charged virtual time and no wake-up.
+JOB_ENQUEUE = f"""
+WITH tenant_row AS ({_TENANT_ENSURE}),
+weight AS (SELECT {tenant_weight("%(tenant)s", "%(queue)s")} AS w),
+head AS (SELECT {level_head("%(queue)s", "%(priority)s")} AS h),
+clock AS (
+    INSERT INTO pgqueue_fair_clock AS c (queue, tenant, priority, vtime)
+    SELECT %(queue)s, %(tenant)s, %(priority)s, head.h + %(n)s / weight.w
+      FROM head, weight
+     WHERE %(idempotency_key)s::text IS NULL OR NOT EXISTS (
+           SELECT 1 FROM pgqueue_job dup
+            WHERE dup.tenant = %(tenant)s AND dup.idempotency_key = %(idempotency_key)s)
+    ON CONFLICT (queue, tenant, priority) DO UPDATE
+       SET vtime = GREATEST(c.vtime + %(n)s / (SELECT w FROM weight), EXCLUDED.vtime)
+    RETURNING c.vtime - %(n)s / (SELECT w FROM weight) AS start, (SELECT w FROM weight) AS w
+),
+inserted AS (
+    INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
+                             attempts, max_attempts, run_at, idempotency_key)
+    SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'queued', %(priority)s,
+           {job_vtime("clock.start", "p.ord", "clock.w")},
+           0, %(max_attempts)s, now(), %(idempotency_key)s
+      FROM clock, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
+     ORDER BY p.ord
+    ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id
+)
+SELECT id, (SELECT pg_notify(%(channel)s, %(queue)s)) IS NULL FROM inserted ORDER BY id
+"""
+
+# -- name: JOB_ENQUEUE_SCHEDULED
+# Enqueue 1..1,000 jobs that become runnable later (run_at in the future). They wait in
+# 'scheduled', outside the claim index, and get their vtime when JOB_PROMOTE makes them
+# runnable. The tenant's clock row is created here (DO NOTHING: no lock on an existing
+# row) so that promotion only ever locks rows that exist.
+# Indexes: pgqueue_job_scheduled gains the rows; pgqueue_job_idempotency.
+JOB_ENQUEUE_SCHEDULED = f"""
+WITH tenant_row AS ({_TENANT_ENSURE}),
+clock AS (
+    INSERT INTO pgqueue_fair_clock (queue, tenant, priority, vtime)
+    VALUES (%(queue)s, %(tenant)s, %(priority)s, 0.0)
+    ON CONFLICT (queue, tenant, priority) DO NOTHING
+),
+inserted AS (
+    INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
+                             attempts, max_attempts, run_at, idempotency_key)
+    SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'scheduled', %(priority)s, NULL,
+           0, %(max_attempts)s, %(run_at)s, %(idempotency_key)s
+      FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
+     ORDER BY p.ord
+    ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id
+)
+SELECT id, TRUE FROM inserted ORDER BY id
+"""
+
+# -- name: FAIR_CLOCK_REFUND
+# Gives back the virtual time JOB_ENQUEUE charged for a job that ON CONFLICT did not
+# insert (a concurrent duplicate idempotency key). The caller's transaction still holds
+# the row lock JOB_ENQUEUE took, so nothing else moved the clock in between.
+FAIR_CLOCK_REFUND = f"""
+UPDATE pgqueue_fair_clock
+   SET vtime = vtime - %(n)s / {tenant_weight("%(tenant)s", "%(queue)s")}
+ WHERE queue = %(queue)s AND tenant = %(tenant)s AND priority = %(priority)s
+"""
+
+# -- name: JOB_GET_BY_IDEMPOTENCY_KEY
+# The job an idempotency key already names (index pgqueue_job_idempotency).
+JOB_GET_BY_IDEMPOTENCY_KEY = """
+SELECT id FROM pgqueue_job WHERE tenant = %(tenant)s AND idempotency_key = %(idempotency_key)s
+"""
+
+# -- name: JOB_CLAIM
+# Claim up to %(limit)s runnable jobs from %(queues)s for one worker. Called by workers.
+# Locks: the chosen rows, FOR UPDATE SKIP LOCKED: rows another claimer holds are skipped,
+#   never waited on, so N workers take N different jobs and none is handed out twice.
+#   The transaction commits at once; nothing stays locked while the job runs (the lease
+#   takes over).
+# Index: pgqueue_job_claim, one range scan per queue, already in claim order.
+# With several queues, each queue offers its own best jobs and they are interleaved rank
+# by rank (priority first): vtimes of different queues are not comparable.
+# The candidates CTE is MATERIALIZED so that locking happens once, before the UPDATE.
+JOB_CLAIM = """
+WITH candidates AS MATERIALIZED (
+    SELECT j.id, j.priority, j.vtime, q.ord
+      FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)
+      CROSS JOIN LATERAL (
+            SELECT id, priority, vtime FROM pgqueue_job
+             WHERE queue = q.name AND status = 'queued'
+             ORDER BY priority DESC, vtime, id
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED
+      ) j
+),
+picked AS (
+    SELECT id FROM (
+        SELECT id, priority, ord,
+               row_number() OVER (PARTITION BY ord ORDER BY priority DESC, vtime, id) AS rank
+          FROM candidates) c
+     ORDER BY priority DESC, rank, ord
+     LIMIT %(limit)s
+)
+UPDATE pgqueue_job j
+   SET status = 'running',
+       attempts = j.attempts + 1,
+       lease_owner = %(worker)s,
+       lease_expires_at = now() + %(lease)s * interval '1 second',
+       started_at = now()
+  FROM picked
+ WHERE j.id = picked.id
+RETURNING j.id, j.task, j.payload::text, j.tenant, j.queue, j.priority, j.attempts,
+          j.max_attempts, j.lease_expires_at, j.vtime
+"""
+
+# -- name: JOB_COMPLETE_MANY
+# Record successes for jobs this worker holds: status done, the result, and one attempt row
+# each. Fenced: a job whose lease was lost (reaped, or claimed again by anyone, this worker
+# included) does not match and is not returned. Locks the matched job rows (PK lookups).
+JOB_COMPLETE_MANY = """
+WITH input AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::text[])
+        AS i(id, attempt, result)
+),
+done AS (
+    UPDATE pgqueue_job j
+       SET status = 'done', result = i.result::jsonb, finished_at = now(),
+           lease_expires_at = NULL
+      FROM input i
+     WHERE j.id = i.id AND j.attempts = i.attempt
+       AND j.status = 'running' AND j.lease_owner = %(worker)s
+    RETURNING j.id, j.attempts, j.started_at
+)
+INSERT INTO pgqueue_job_attempt (job_id, attempt, worker, started_at, finished_at, outcome)
+SELECT id, attempts, %(worker)s, started_at, now(), 'done' FROM done
+RETURNING job_id
+"""
+
+# -- name: JOB_FAIL_MANY
+# Record failures for jobs this worker holds. Out of attempts, or a permanent error, means
+# dead; otherwise back to scheduled with full-jitter exponential backoff, outside the claim
+# index until JOB_PROMOTE gives it a fresh vtime. Fenced like JOB_COMPLETE_MANY. Writes one
+# attempt row per job with the error and traceback.
+JOB_FAIL_MANY = f"""
+WITH input AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[],
+                         %(tracebacks)s::text[], %(permanent)s::bool[])
+        AS i(id, attempt, error, tb, permanent)
+),
+failed AS (
+    UPDATE pgqueue_job j
+       SET status = CASE WHEN i.permanent OR j.attempts >= j.max_attempts
+                         THEN 'dead' ELSE 'scheduled' END,
+           run_at = CASE WHEN i.permanent OR j.attempts >= j.max_attempts THEN j.run_at
+                         ELSE now() + {BACKOFF.format(attempts="j.attempts")}
+                              * interval '1 second' END,
+           finished_at = CASE WHEN i.permanent OR j.attempts >= j.max_attempts
+                              THEN now() END,
+           last_error = i.error,
+           lease_expires_at = NULL
+      FROM input i
+     WHERE j.id = i.id AND j.attempts = i.attempt
+       AND j.status = 'running' AND j.lease_owner = %(worker)s
+    RETURNING j.id, j.attempts, j.started_at, j.status, j.run_at, i.error, i.tb
+),
+history AS (
+    INSERT INTO pgqueue_job_attempt
+           (job_id, attempt, worker, started_at, finished_at, outcome, error, traceback)
+    SELECT id, attempts, %(worker)s, started_at, now(), 'failed', error, tb FROM failed
+)
+SELECT id, status, run_at FROM failed
+"""
+
+# -- name: JOB_HEARTBEAT_MANY
+# Extend the leases of every job a worker holds, in one statement, every lease/3. Fenced:
+# a job not returned was lost (reaped and possibly claimed again) and its handler must not
+# record a result. Locks the matched rows (PK lookups); pgqueue_job_lease is updated.
+JOB_HEARTBEAT_MANY = """
+UPDATE pgqueue_job j
+   SET lease_expires_at = now() + %(lease)s * interval '1 second'
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
+ WHERE j.id = i.id AND j.attempts = i.attempt
+   AND j.status = 'running' AND j.lease_owner = %(worker)s
+RETURNING j.id
+"""
+
+# -- name: JOB_REAP_EXPIRED
+# Recover jobs whose lease ran out (their worker died or stalled). Each expiry counts as an
+# attempt: back to scheduled with backoff, or dead when none are left, so a job that
+# crashes every worker ends dead instead of looping. Called by maintenance (one worker at
+# a time). Locks: the expired rows, SKIP LOCKED. Index: pgqueue_job_lease.
+JOB_REAP_EXPIRED = f"""
+WITH expired AS MATERIALIZED (
+    SELECT id, lease_owner FROM pgqueue_job
+     WHERE status = 'running' AND lease_expires_at < {NOW}
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+reaped AS (
+    UPDATE pgqueue_job j
+       SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END,
+           run_at = CASE WHEN j.attempts >= j.max_attempts THEN j.run_at
+                         ELSE {NOW} + {BACKOFF.format(attempts="j.attempts")}
+                              * interval '1 second' END,
+           finished_at = CASE WHEN j.attempts >= j.max_attempts THEN {NOW} END,
+           last_error = 'lease expired: worker ' || e.lease_owner
+                        || ' stopped renewing it (attempt ' || j.attempts || ')',
+           lease_expires_at = NULL
+      FROM expired e
+     WHERE j.id = e.id
+    RETURNING j.id, j.attempts, j.started_at, j.status, j.last_error, e.lease_owner
+),
+history AS (
+    INSERT INTO pgqueue_job_attempt
+           (job_id, attempt, worker, started_at, finished_at, outcome, error)
+    SELECT id, attempts, lease_owner, started_at, {NOW}, 'lease_expired', last_error
+      FROM reaped
+)
+SELECT id, status FROM reaped
+"""
+
+_PROMOTE = f"""
+WITH due AS MATERIALIZED (
+    SELECT id, queue, tenant, priority, run_at FROM pgqueue_job
+     WHERE {{due}}
+     ORDER BY run_at, id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+clock AS MATERIALIZED (
+    SELECT c.id, c.queue, c.tenant, c.priority FROM pgqueue_fair_clock c
+     WHERE (c.queue, c.tenant, c.priority) IN (SELECT queue, tenant, priority FROM due)
+     ORDER BY c.queue, c.tenant, c.priority
+       FOR UPDATE OF c SKIP LOCKED
+),
+ranked AS (
+    SELECT d.id, k.id AS clock_id,
+           row_number() OVER (PARTITION BY k.id ORDER BY d.run_at, d.id) AS rank
+      FROM due d
+      JOIN clock k ON (k.queue, k.tenant, k.priority) = (d.queue, d.tenant, d.priority)
+),
+step AS (
+    SELECT k.id, count(*) AS n,
+           {tenant_weight("k.tenant", "k.queue")} AS w,
+           {level_head("k.queue", "k.priority")} AS h
+      FROM clock k JOIN ranked r ON r.clock_id = k.id
+     GROUP BY k.id, k.queue, k.tenant, k.priority
+),
+bump AS (
+    UPDATE pgqueue_fair_clock c
+       SET vtime = GREATEST(c.vtime, s.h) + s.n / s.w
+      FROM step s
+     WHERE c.id = s.id
+    RETURNING c.id, c.vtime - s.n / s.w AS start, s.w
+),
+promoted AS (
+    UPDATE pgqueue_job j
+       SET status = 'queued', vtime = {job_vtime("b.start", "r.rank", "b.w")}
+      FROM ranked r JOIN bump b ON b.id = r.clock_id
+     WHERE j.id = r.id
+    RETURNING j.id, j.queue
+)
+SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM promoted ORDER BY id
+"""
+
+# -- name: JOB_PROMOTE_DUE
+# Make due scheduled jobs runnable, assigning fresh fair vtimes (a job back from a backoff
+# does not jump the line). Called by maintenance. Locks: the due jobs (SKIP LOCKED, index
+# pgqueue_job_scheduled), then their tenants' clock rows in sorted (queue, tenant,
+# priority) order with SKIP LOCKED: a clock held by an open enqueue transaction is skipped
+# until the next run instead of waited on, and the fixed order means two promoters can
+# never deadlock. Each level's head is one tuple of pgqueue_job_claim. Notifies each queue.
+JOB_PROMOTE_DUE = _PROMOTE.format(due=f"status = 'scheduled' AND run_at <= {NOW}")
+
+# -- name: JOB_PROMOTE_IDS
+# The same for named scheduled jobs, whatever their run_at (retry, "run now"). Locks as
+# JOB_PROMOTE_DUE; the rows are found by primary key.
+JOB_PROMOTE_IDS = _PROMOTE.format(due="status = 'scheduled' AND id = ANY(%(ids)s::bigint[])")
+
+# -- name: JOB_CANCEL_MANY
+# Cancel scheduled or queued jobs. A job being claimed at this instant is locked by the
+# claim; the UPDATE waits for it, re-checks the status and skips it (it is running now).
+# PK lookups; the rows leave pgqueue_job_claim / pgqueue_job_scheduled.
+JOB_CANCEL_MANY = """
+UPDATE pgqueue_job
+   SET status = 'cancelled', finished_at = now()
+ WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('scheduled', 'queued')
+RETURNING id
+"""
+
+# -- name: JOB_RETRY_MANY
+# Send dead or cancelled jobs back: attempts start again from 0 (history is kept) and the
+# job waits in scheduled until its run_at; the caller then runs JOB_PROMOTE_IDS in the same
+# transaction for those already due, which gives them a fresh fair vtime. PK lookups.
+JOB_RETRY_MANY = """
+UPDATE pgqueue_job
+   SET status = 'scheduled', attempts = 0, vtime = NULL, result = NULL,
+       run_at = GREATEST(run_at, now()), lease_owner = NULL, lease_expires_at = NULL,
+       finished_at = NULL
+ WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('dead', 'cancelled')
+RETURNING id
+"""
+
+# -- name: JOB_RUN_NOW_MANY
+# Make scheduled jobs due now; the caller runs JOB_PROMOTE_IDS next. PK lookups.
+JOB_RUN_NOW_MANY = """
+UPDATE pgqueue_job SET run_at = now()
+ WHERE id = ANY(%(ids)s::bigint[]) AND status = 'scheduled'
+RETURNING id
+"""
+
+# -- name: JOB_STATUS_MANY
+# Current status of jobs, to explain why an operation skipped them. PK lookups.
+JOB_STATUS_MANY = """
+SELECT id, status FROM pgqueue_job WHERE id = ANY(%(ids)s::bigint[])
+"""
+
+# -- name: TENANT_SET_WEIGHT
+# Create or update a tenant's weight in every queue. Locks the tenant row. Takes effect
+# for jobs that become runnable afterwards.
+TENANT_SET_WEIGHT = """
+INSERT INTO pgqueue_tenant (name, weight) VALUES (%(tenant)s, %(weight)s)
+ON CONFLICT (name) DO UPDATE SET weight = EXCLUDED.weight
+"""
+
+# -- name: QUEUE_WEIGHT_SET
+# Override a tenant's weight in one queue (creating the tenant if new).
+QUEUE_WEIGHT_SET = f"""
+WITH tenant_row AS ({_TENANT_ENSURE})
+INSERT INTO pgqueue_queue_weight (queue, tenant, weight)
+VALUES (%(queue)s, %(tenant)s, %(weight)s)
+ON CONFLICT (tenant, queue) DO UPDATE SET weight = EXCLUDED.weight
+"""

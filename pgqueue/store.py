@@ -1,0 +1,250 @@
+"""Runs the named statements of ``pgqueue.sql`` and shapes their rows.
+
+Every function takes an open DB-API cursor (Django's, or a bare psycopg one: the worker
+uses its own connections) and does exactly one round trip unless its docstring says
+otherwise. Transactions are the caller's business: in autocommit each call is its own.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import sql
+from .conf import pgqueue_settings
+from .scheduling import fifo_param
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job as a worker holds it: enough to run it and to fence what it writes back."""
+
+    id: int
+    task: str
+    payload: Any
+    tenant: str
+    queue: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    lease_expires_at: dt.datetime
+    vtime: float
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    id: int
+    attempt: int
+    error: str
+    traceback: str | None = None
+    permanent: bool = False
+
+
+def _ids(rows: Iterable[Sequence[Any]]) -> list[int]:
+    return [row[0] for row in rows]
+
+
+def enqueue(
+    cursor: Any,
+    *,
+    task: str,
+    tenant: str,
+    queue: str,
+    priority: int,
+    max_attempts: int,
+    payloads_json: str,
+    count: int,
+    idempotency_key: str | None = None,
+    run_at: dt.datetime | None = None,
+) -> list[int]:
+    """Insert ``count`` jobs whose payloads are the JSON array ``payloads_json``.
+
+    Runnable at once when ``run_at`` is None (JOB_ENQUEUE), else scheduled
+    (JOB_ENQUEUE_SCHEDULED). Returns the new ids in payload order; none when the
+    idempotency key was taken.
+    """
+    params = {
+        "task": task,
+        "tenant": tenant,
+        "queue": queue,
+        "priority": priority,
+        "max_attempts": max_attempts,
+        "payloads": payloads_json,
+        "n": count,
+        "idempotency_key": idempotency_key,
+        "run_at": run_at,
+        "fifo": fifo_param(),
+        "channel": pgqueue_settings.NOTIFY_CHANNEL,
+    }
+    cursor.execute(sql.JOB_ENQUEUE if run_at is None else sql.JOB_ENQUEUE_SCHEDULED, params)
+    return _ids(cursor.fetchall())
+
+
+def refund_clock(cursor: Any, *, tenant: str, queue: str, priority: int, count: int) -> None:
+    cursor.execute(
+        sql.FAIR_CLOCK_REFUND, {"tenant": tenant, "queue": queue, "priority": priority, "n": count}
+    )
+
+
+def job_id_for_key(cursor: Any, *, tenant: str, idempotency_key: str) -> int | None:
+    cursor.execute(
+        sql.JOB_GET_BY_IDEMPOTENCY_KEY, {"tenant": tenant, "idempotency_key": idempotency_key}
+    )
+    row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def claim(
+    cursor: Any,
+    *,
+    worker: str,
+    queues: Sequence[str],
+    limit: int,
+    lease_seconds: float | None = None,
+) -> list[ClaimedJob]:
+    """Claim up to ``limit`` runnable jobs (JOB_CLAIM), best first."""
+    lease = pgqueue_settings.LEASE_SECONDS if lease_seconds is None else lease_seconds
+    cursor.execute(
+        sql.JOB_CLAIM,
+        {"queues": list(queues), "limit": limit, "worker": worker, "lease": float(lease)},
+    )
+    jobs = [
+        ClaimedJob(r[0], r[1], json.loads(r[2]), r[3], r[4], r[5], r[6], r[7], r[8], r[9])
+        for r in cursor.fetchall()
+    ]
+    jobs.sort(key=lambda j: (-j.priority, j.vtime, j.id))
+    return jobs
+
+
+def complete_many(
+    cursor: Any, *, worker: str, results: Sequence[tuple[int, int, str | None]]
+) -> set[int]:
+    """Record successes: ``(job id, attempt, result as JSON text or None)`` each.
+
+    Returns the ids recorded; the others had lost their lease (fenced out).
+    """
+    cursor.execute(
+        sql.JOB_COMPLETE_MANY,
+        {
+            "worker": worker,
+            "ids": [r[0] for r in results],
+            "attempts": [r[1] for r in results],
+            "results": [r[2] for r in results],
+        },
+    )
+    return set(_ids(cursor.fetchall()))
+
+
+def fail_many(cursor: Any, *, worker: str, failures: Sequence[Failure]) -> dict[int, str]:
+    """Record failures. Returns ``{job id: new status}`` for those not fenced out."""
+    cursor.execute(
+        sql.JOB_FAIL_MANY,
+        {
+            "worker": worker,
+            "ids": [f.id for f in failures],
+            "attempts": [f.attempt for f in failures],
+            "errors": [f.error for f in failures],
+            "tracebacks": [f.traceback for f in failures],
+            "permanent": [f.permanent for f in failures],
+            "backoff_base": float(pgqueue_settings.BACKOFF_BASE),
+            "backoff_cap": float(pgqueue_settings.BACKOFF_CAP),
+        },
+    )
+    return {row[0]: row[1] for row in cursor.fetchall()}
+
+
+def heartbeat_many(
+    cursor: Any,
+    *,
+    worker: str,
+    held: Sequence[tuple[int, int]],
+    lease_seconds: float | None = None,
+) -> set[int]:
+    """Extend the leases of ``(job id, attempt)`` pairs. Returns the ids still held."""
+    lease = pgqueue_settings.LEASE_SECONDS if lease_seconds is None else lease_seconds
+    cursor.execute(
+        sql.JOB_HEARTBEAT_MANY,
+        {
+            "worker": worker,
+            "ids": [h[0] for h in held],
+            "attempts": [h[1] for h in held],
+            "lease": float(lease),
+        },
+    )
+    return set(_ids(cursor.fetchall()))
+
+
+def reap_expired(
+    cursor: Any, *, limit: int | None = None, now: dt.datetime | None = None
+) -> dict[int, str]:
+    """Recover expired leases (JOB_REAP_EXPIRED). Returns ``{job id: new status}``."""
+    cursor.execute(
+        sql.JOB_REAP_EXPIRED,
+        {
+            "limit": limit or pgqueue_settings.MAINTENANCE_BATCH_SIZE,
+            "now": now,
+            "backoff_base": float(pgqueue_settings.BACKOFF_BASE),
+            "backoff_cap": float(pgqueue_settings.BACKOFF_CAP),
+        },
+    )
+    return {row[0]: row[1] for row in cursor.fetchall()}
+
+
+def promote_due(
+    cursor: Any, *, limit: int | None = None, now: dt.datetime | None = None
+) -> list[int]:
+    """Make due scheduled jobs runnable with fresh vtimes (JOB_PROMOTE_DUE)."""
+    cursor.execute(
+        sql.JOB_PROMOTE_DUE,
+        {
+            "limit": limit or pgqueue_settings.MAINTENANCE_BATCH_SIZE,
+            "now": now,
+            "fifo": fifo_param(),
+            "channel": pgqueue_settings.NOTIFY_CHANNEL,
+        },
+    )
+    return _ids(cursor.fetchall())
+
+
+def promote_ids(cursor: Any, ids: Sequence[int]) -> list[int]:
+    """Make the named scheduled jobs runnable now (JOB_PROMOTE_IDS)."""
+    cursor.execute(
+        sql.JOB_PROMOTE_IDS,
+        {
+            "ids": list(ids),
+            "limit": len(ids),
+            "fifo": fifo_param(),
+            "channel": pgqueue_settings.NOTIFY_CHANNEL,
+        },
+    )
+    return _ids(cursor.fetchall())
+
+
+def _update_ids(cursor: Any, statement: str, ids: Sequence[int]) -> list[int]:
+    cursor.execute(statement, {"ids": list(ids)})
+    return _ids(cursor.fetchall())
+
+
+def cancel_many(cursor: Any, ids: Sequence[int]) -> list[int]:
+    return _update_ids(cursor, sql.JOB_CANCEL_MANY, ids)
+
+
+def retry_many(cursor: Any, ids: Sequence[int]) -> list[int]:
+    return _update_ids(cursor, sql.JOB_RETRY_MANY, ids)
+
+
+def run_now_many(cursor: Any, ids: Sequence[int]) -> list[int]:
+    return _update_ids(cursor, sql.JOB_RUN_NOW_MANY, ids)
+
+
+def statuses(cursor: Any, ids: Sequence[int]) -> dict[int, str]:
+    cursor.execute(sql.JOB_STATUS_MANY, {"ids": list(ids)})
+    return {row[0]: row[1] for row in cursor.fetchall()}
+
+
+def set_weight(cursor: Any, *, tenant: str, weight: float, queue: str | None = None) -> None:
+    params = {"tenant": tenant, "weight": float(weight), "queue": queue}
+    cursor.execute(sql.TENANT_SET_WEIGHT if queue is None else sql.QUEUE_WEIGHT_SET, params)
