@@ -65,6 +65,9 @@ class QueueWeight(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.tenant_id} in {self.queue}: {self.weight}"
+
 
 class FairClock(models.Model):
     """The virtual clock of one tenant in one queue at one priority level.
@@ -97,6 +100,9 @@ class FairClock(models.Model):
             # "Where is this priority level's clock?" when it has no queued job: max(vtime).
             models.Index(fields=["queue", "priority", "vtime"], name="pgqueue_fair_clock_level"),
         ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} in {self.queue} at priority {self.priority}: {self.vtime}"
 
 
 class Job(models.Model):
