@@ -213,15 +213,15 @@ def enqueue(
     payloads_json = f"[{encode_payload(payload)}]"
     if opts.idempotency_key is None:
         with connections[using].cursor() as cursor:
-            (job_id,) = _insert(cursor, opts, payloads_json, 1)
+            (job_id,), _ = _insert(cursor, opts, payloads_json, 1)
         return Enqueued(_job(job_id, opts, payload), True)
 
     # A savepoint makes the refund below exact: the clock row stays locked until it ends.
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        ids = _insert(cursor, opts, payloads_json, 1)
+        ids, charged = _insert(cursor, opts, payloads_json, 1)
         if ids:
             return Enqueued(_job(ids[0], opts, payload), True)
-        if opts.run_at is None:
+        if charged:
             store.refund_clock(
                 cursor, tenant=opts.tenant, queue=opts.queue, priority=opts.priority, count=1
             )
@@ -266,11 +266,13 @@ def enqueue_many(
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         for start in range(0, len(encoded), MAX_BATCH):
             chunk = encoded[start : start + MAX_BATCH]
-            ids.extend(_insert(cursor, opts, f"[{','.join(chunk)}]", len(chunk)))
+            ids.extend(_insert(cursor, opts, f"[{','.join(chunk)}]", len(chunk))[0])
     return ids
 
 
-def _insert(cursor: Any, opts: JobOptions, payloads_json: str, count: int) -> list[int]:
+def _insert(
+    cursor: Any, opts: JobOptions, payloads_json: str, count: int
+) -> tuple[list[int], bool]:
     return store.enqueue(
         cursor,
         task=opts.task,

@@ -43,8 +43,9 @@ _TENANT_ENSURE = """
 #   pgqueue_fair_clock_level (the level head, one tuple each), pgqueue_job_idempotency.
 # An idempotency key already taken (and committed) is seen before the clock is charged, so
 # the tenant pays no virtual time for it. Racing duplicates are settled by ON CONFLICT; the
-# loser refunds the clock with FAIR_CLOCK_REFUND. pg_notify is delivered only on commit:
-# a rolled-back enqueue leaves no job, no charged virtual time and no wake-up.
+# loser is told (a NULL id) and refunds the clock with FAIR_CLOCK_REFUND. pg_notify is
+# delivered only on commit: a rolled-back enqueue leaves no job, no charged virtual time
+# and no wake-up.
 JOB_ENQUEUE = f"""
 WITH tenant_row AS ({_TENANT_ENSURE}),
 weight AS (SELECT {tenant_weight("%(tenant)s", "%(queue)s")} AS w),
@@ -71,7 +72,11 @@ inserted AS (
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 )
-SELECT id, (SELECT pg_notify(%(channel)s, %(queue)s)) IS NULL FROM inserted ORDER BY id
+-- One row per inserted job; a single row with a NULL id when the clock was charged but
+-- ON CONFLICT inserted nothing (the caller refunds); no row when nothing was charged.
+SELECT inserted.id, (SELECT pg_notify(%(channel)s, %(queue)s)) IS NULL
+  FROM clock LEFT JOIN inserted ON TRUE
+ ORDER BY inserted.id
 """
 
 # -- name: JOB_ENQUEUE_SCHEDULED

@@ -59,12 +59,13 @@ def enqueue(
     count: int,
     idempotency_key: str | None = None,
     run_at: dt.datetime | None = None,
-) -> list[int]:
+) -> tuple[list[int], bool]:
     """Insert ``count`` jobs whose payloads are the JSON array ``payloads_json``.
 
     Runnable at once when ``run_at`` is None (JOB_ENQUEUE), else scheduled
     (JOB_ENQUEUE_SCHEDULED). Returns the new ids in payload order; none when the
-    idempotency key was taken.
+    idempotency key was taken. ``charged`` tells whether the tenant's clock was moved for
+    jobs that were not inserted (a racing duplicate key): the caller must refund it.
     """
     params = {
         "task": task,
@@ -80,7 +81,9 @@ def enqueue(
         "channel": pgqueue_settings.NOTIFY_CHANNEL,
     }
     cursor.execute(sql.JOB_ENQUEUE if run_at is None else sql.JOB_ENQUEUE_SCHEDULED, params)
-    return _ids(cursor.fetchall())
+    rows = cursor.fetchall()
+    ids = [row[0] for row in rows if row[0] is not None]
+    return ids, len(rows) > len(ids)
 
 
 def refund_clock(cursor: Any, *, tenant: str, queue: str, priority: int, count: int) -> None:

@@ -1,0 +1,111 @@
+"""Shared fixtures. Every test runs against a real PostgreSQL (DATABASE_URL)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from django.test import override_settings
+from django.utils import timezone
+
+from pgqueue import store
+from pgqueue.models import Job
+
+
+@pytest.fixture
+def cursor(db: Any) -> Iterator[Any]:
+    """A cursor on Django's connection (inside the test's transaction unless transactional)."""
+    with connection.cursor() as cur:
+        yield cur
+
+
+@pytest.fixture
+def fifo() -> Iterator[None]:
+    """Switch the scheduling policy to FIFO for the duration of a test."""
+    with override_settings(PGQUEUE={"ORDERING": "fifo"}):
+        yield
+
+
+def later(seconds: float) -> dt.datetime:
+    """A moment ``seconds`` from now, for statements that accept an injected ``now``."""
+    return timezone.now() + dt.timedelta(seconds=seconds)
+
+
+def claim(
+    worker: str = "w1",
+    limit: int = 1,
+    queues: tuple[str, ...] = ("default",),
+    lease_seconds: float | None = None,
+) -> list[store.ClaimedJob]:
+    with connection.cursor() as cur:
+        return store.claim(
+            cur, worker=worker, queues=list(queues), limit=limit, lease_seconds=lease_seconds
+        )
+
+
+def complete(worker: str, job: store.ClaimedJob, result: str | None = None) -> bool:
+    with connection.cursor() as cur:
+        return job.id in store.complete_many(
+            cur, worker=worker, results=[(job.id, job.attempt, result)]
+        )
+
+
+def fail(worker: str, job: store.ClaimedJob, *, permanent: bool = False) -> str | None:
+    """Record a failure; returns the job's new status, or None when fenced out."""
+    with connection.cursor() as cur:
+        return store.fail_many(
+            cur,
+            worker=worker,
+            failures=[store.Failure(job.id, job.attempt, "RuntimeError: boom", "tb", permanent)],
+        ).get(job.id)
+
+
+def drain(queues: tuple[str, ...] = ("default",), batch: int = 1) -> list[store.ClaimedJob]:
+    """Claim and complete everything runnable, returning the jobs in claim order."""
+    order: list[store.ClaimedJob] = []
+    while True:
+        jobs = claim("drainer", limit=batch, queues=queues)
+        if not jobs:
+            return order
+        with connection.cursor() as cur:
+            store.complete_many(
+                cur, worker="drainer", results=[(j.id, j.attempt, None) for j in jobs]
+            )
+        order.extend(jobs)
+
+
+def job(job_id: int) -> Job:
+    return Job.objects.get(pk=job_id)
+
+
+def run_threads(n: int, target: Callable[[int], Any], timeout: float = 120) -> list[Any]:
+    """Run ``target(i)`` on ``n`` threads that start together; re-raise the first error.
+
+    Each thread uses its own Django connection, closed when it ends.
+    """
+    barrier = threading.Barrier(n)
+    results: list[Any] = [None] * n
+    errors: list[BaseException] = []
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[i] = target(i)
+        except Exception as exc:  # reported to the test below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "a thread did not finish in time"
+    if errors:
+        raise errors[0]
+    return results
