@@ -1,0 +1,488 @@
+"""Failure handling: retries, backoff, dead jobs, lease expiry, fencing and rollbacks.
+
+Time is injected, never slept: ``reap_expired`` and ``promote_due`` take ``now=later(N)``
+and claims/heartbeats take ``lease_seconds``. Inside a test transaction PostgreSQL's
+``now()`` is the transaction's start, so every lease is measured from one fixed instant
+and ``later(N)`` is always at least ``N`` seconds past it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+
+import pgqueue
+from pgqueue import services, store
+from pgqueue.conf import pgqueue_settings
+from pgqueue.models import FairClock, Job, JobAttempt, Tenant
+from tests.conftest import claim, complete, fail, job, later
+
+#: Far enough ahead that any backoff (at most BACKOFF_CAP = 300 s by default) is due.
+BIG = 3600
+
+
+def attempts_of(job_id: int) -> list[tuple[int, str, str]]:
+    """The job's attempt history as ``(attempt, outcome, worker)``, oldest first."""
+    return [
+        (a.attempt, a.outcome, a.worker)
+        for a in JobAttempt.objects.filter(job_id=job_id).order_by("id")
+    ]
+
+
+def reap(now: dt.datetime) -> dict[int, str]:
+    with connection.cursor() as cur:
+        return store.reap_expired(cur, now=now)
+
+
+def promote(now: dt.datetime | None) -> list[int]:
+    with connection.cursor() as cur:
+        return store.promote_due(cur, now=now)
+
+
+def heartbeat(worker: str, held: list[tuple[int, int]], lease_seconds: float) -> set[int]:
+    with connection.cursor() as cur:
+        return store.heartbeat_many(cur, worker=worker, held=held, lease_seconds=lease_seconds)
+
+
+def enqueue_one(**options: Any) -> int:
+    created, _ = pgqueue.enqueue("test.noop", {"n": 1}, tenant="acme", **options)
+    return created.id
+
+
+# -- retries and dead ---------------------------------------------------------------------
+
+
+def test_retries_until_dead_keeping_every_attempt(db: Any) -> None:
+    """A job that fails on every attempt is retried until max_attempts, then dead.
+
+    Proves the retry loop terminates (dead, not scheduled again, after exactly
+    max_attempts), that the final failure is recorded on the job (finished_at,
+    last_error) and that every attempt's error and traceback survive in the history.
+    """
+    job_id = enqueue_one(max_attempts=3)
+    statuses = []
+    for n in (1, 2, 3):
+        (held,) = claim("w1", lease_seconds=30)
+        assert (held.id, held.attempt) == (job_id, n)
+        with connection.cursor() as cur:
+            result = store.fail_many(
+                cur,
+                worker="w1",
+                failures=[store.Failure(held.id, held.attempt, f"ValueError: {n}", f"tb {n}")],
+            )
+        statuses.append(result[job_id])
+        if n < 3:
+            assert job(job_id).finished_at is None
+            assert promote(later(BIG)) == [job_id]
+
+    assert statuses == ["scheduled", "scheduled", "dead"]
+    dead = job(job_id)
+    assert dead.status == "dead"
+    assert dead.attempts == 3
+    assert dead.finished_at is not None
+    assert dead.last_error == "ValueError: 3"
+    assert dead.lease_expires_at is None
+    history = list(JobAttempt.objects.filter(job_id=job_id).order_by("attempt"))
+    assert [(a.attempt, a.outcome, a.worker) for a in history] == [
+        (1, "failed", "w1"),
+        (2, "failed", "w1"),
+        (3, "failed", "w1"),
+    ]
+    assert [(a.error, a.traceback) for a in history] == [
+        ("ValueError: 1", "tb 1"),
+        ("ValueError: 2", "tb 2"),
+        ("ValueError: 3", "tb 3"),
+    ]
+    # Dead is final: nothing is due and nothing can be claimed.
+    assert promote(later(BIG)) == []
+    assert claim("w1") == []
+
+
+def _delays(ids: list[int], attempt: int) -> list[float]:
+    """Seconds from each failure to the retry's run_at.
+
+    The attempt row's finished_at and the job's run_at are both set from ``now()`` by the
+    same JOB_FAIL_MANY statement, so the difference is exactly the backoff drawn.
+    """
+    finished = dict(
+        JobAttempt.objects.filter(job_id__in=ids, attempt=attempt).values_list(
+            "job_id", "finished_at"
+        )
+    )
+    run_at = dict(Job.objects.filter(id__in=ids).values_list("id", "run_at"))
+    assert len(finished) == len(ids)
+    return [(run_at[i] - finished[i]).total_seconds() for i in ids]
+
+
+@override_settings(PGQUEUE={"BACKOFF_BASE": 2, "BACKOFF_CAP": 10})
+def test_backoff_is_full_jitter_within_the_capped_window(db: Any) -> None:
+    """Each retry waits random(0, min(cap, base * 2^(attempt-1))) seconds.
+
+    200 jobs fail together in one fail_many per round, over five attempts (windows 2, 4,
+    8, then 16 and 32 capped to 10). Every delay must lie in its window; the delays must
+    differ (jitter exists) and spread over the whole window, from near 0 to near the top
+    (full jitter, not a fixed or "equal jitter" delay). Once capped, delays exceed the
+    previous window (the window did grow) but never the cap. Finally a job on attempt 99
+    of 100, whose uncapped window would be 2^99 s, still waits at most the cap.
+    """
+    base, cap, tolerance = 2.0, 10.0, 0.001
+    ids = pgqueue.enqueue_many("test.noop", list(range(200)), tenant="acme", max_attempts=6)
+    for attempt in range(1, 6):
+        held = claim("w1", limit=200, lease_seconds=30)
+        assert sorted(h.id for h in held) == sorted(ids)
+        assert {h.attempt for h in held} == {attempt}
+        with connection.cursor() as cur:
+            result = store.fail_many(
+                cur,
+                worker="w1",
+                failures=[store.Failure(h.id, h.attempt, "RuntimeError: boom") for h in held],
+            )
+        assert set(result.values()) == {"scheduled"}
+        window = min(cap, base * 2 ** (attempt - 1))
+        delays = _delays(ids, attempt)
+        assert min(delays) >= -tolerance, (attempt, min(delays))
+        assert max(delays) <= window + tolerance, (attempt, max(delays), window)
+        assert len({round(d, 6) for d in delays}) > 100, "delays are not jittered"
+        assert min(delays) < window / 4, (attempt, min(delays))
+        assert max(delays) > window * 3 / 4, (attempt, max(delays))
+        if attempt >= 4:  # capped: 16 and 32 become 10, still beyond attempt 3's 8
+            assert max(delays) > 8
+        assert sorted(promote(later(BIG))) == sorted(ids)
+
+    high = enqueue_one(max_attempts=100, queue="high")
+    Job.objects.filter(id=high).update(attempts=98)
+    (held,) = claim("w1", queues=("high",), lease_seconds=30)
+    assert (held.id, held.attempt) == (high, 99)
+    assert fail("w1", held) == "scheduled"
+    (delay,) = _delays([high], 99)
+    assert -tolerance <= delay <= cap + tolerance
+
+
+def test_permanent_failure_is_dead_at_once(db: Any) -> None:
+    """A permanent error (e.g. PermanentError raised by a handler) skips the retries.
+
+    Attempt 1 of 5 failing permanently goes straight to dead with its error recorded; the
+    remaining four attempts are not used and nothing is scheduled to run again.
+    """
+    job_id = enqueue_one(max_attempts=5)
+    (held,) = claim("w1", lease_seconds=30)
+    assert fail("w1", held, permanent=True) == "dead"
+    dead = job(job_id)
+    assert (dead.status, dead.attempts, dead.max_attempts) == ("dead", 1, 5)
+    assert dead.finished_at is not None
+    assert dead.last_error == "RuntimeError: boom"
+    assert attempts_of(job_id) == [(1, "failed", "w1")]
+    assert promote(later(BIG)) == []
+    assert claim("w2") == []
+
+
+# -- leases -------------------------------------------------------------------------------
+
+
+def test_expired_lease_is_recovered_and_counted(db: Any) -> None:
+    """A job whose worker vanished is recovered once its lease runs out, not before.
+
+    Before expiry the reaper leaves it alone. After expiry the job goes back to
+    scheduled with a backoff (not straight to queued), the lost run counts as attempt 1
+    with a lease_expired row naming the worker, and another worker then runs it as
+    attempt 2 to completion.
+    """
+    job_id = enqueue_one(max_attempts=5)
+    (held,) = claim("w1", lease_seconds=30)
+    assert held.attempt == 1
+
+    assert reap(later(10)) == {}
+    assert job(job_id).status == "running"
+
+    failure_time = later(60)
+    assert reap(failure_time) == {job_id: "scheduled"}
+    recovered = job(job_id)
+    assert recovered.status == "scheduled"
+    assert recovered.attempts == 1
+    assert recovered.lease_expires_at is None
+    assert recovered.run_at >= failure_time  # backoff counts from the injected now
+    assert "lease expired" in recovered.last_error and "w1" in recovered.last_error
+    assert attempts_of(job_id) == [(1, "lease_expired", "w1")]
+
+    # Not due yet at the real now: the backoff is respected.
+    assert promote(None) == []
+    assert promote(later(BIG)) == [job_id]
+    assert job(job_id).status == "queued"
+
+    (again,) = claim("w2", lease_seconds=30)
+    assert (again.id, again.attempt) == (job_id, 2)
+    assert complete("w2", again, '{"ok": true}')
+    done = job(job_id)
+    assert (done.status, done.attempts, done.result) == ("done", 2, {"ok": True})
+    assert attempts_of(job_id) == [(1, "lease_expired", "w1"), (2, "done", "w2")]
+
+
+def _expire_and_requeue(job_id: int) -> None:
+    assert reap(later(BIG)) == {job_id: "scheduled"}
+    assert promote(later(2 * BIG)) == [job_id]
+
+
+def test_stale_worker_is_fenced_out(db: Any) -> None:
+    """A worker whose lease was lost cannot write to the job any more.
+
+    Worker A stalls past its lease; the job is reaped and worker B claims attempt 2.
+    A's late complete, fail and heartbeat all match nothing and change nothing (no status
+    change, no attempt row, B's lease untouched), while B's completion is recorded.
+    """
+    job_id = enqueue_one(max_attempts=5)
+    (stale,) = claim("A", lease_seconds=30)
+    _expire_and_requeue(job_id)
+    (current,) = claim("B", lease_seconds=30)
+    assert (current.id, current.attempt) == (job_id, 2)
+    before = job(job_id)
+
+    assert complete("A", stale, '"late"') is False
+    assert fail("A", stale) is None
+    assert fail("A", stale, permanent=True) is None
+    assert heartbeat("A", [(stale.id, stale.attempt)], lease_seconds=300) == set()
+    # Even naming B's attempt number does not help A: the lease owner is checked too.
+    assert heartbeat("A", [(current.id, current.attempt)], lease_seconds=300) == set()
+
+    after = job(job_id)
+    assert (after.status, after.attempts, after.lease_owner) == ("running", 2, "B")
+    assert after.lease_expires_at == before.lease_expires_at
+    assert after.result is None and after.last_error == before.last_error
+    assert attempts_of(job_id) == [(1, "lease_expired", "A")]
+
+    assert complete("B", current, '"fresh"')
+    done = job(job_id)
+    assert (done.status, done.result) == ("done", "fresh")
+    assert attempts_of(job_id) == [(1, "lease_expired", "A"), (2, "done", "B")]
+
+
+def test_same_worker_on_a_later_attempt_is_fenced_by_attempt_number(db: Any) -> None:
+    """The fence includes the attempt, not only the worker id.
+
+    Worker A loses attempt 1 and later claims the same job again as attempt 2. A write
+    for attempt 1 (a leftover from the first run) is rejected even though A is the lease
+    owner; writes for attempt 2 are accepted.
+    """
+    job_id = enqueue_one(max_attempts=5)
+    (first,) = claim("A", lease_seconds=30)
+    _expire_and_requeue(job_id)
+    (second,) = claim("A", lease_seconds=30)
+    assert (second.id, second.attempt, first.attempt) == (job_id, 2, 1)
+
+    assert heartbeat("A", [(job_id, 1)], lease_seconds=300) == set()
+    assert complete("A", first, '"from attempt 1"') is False
+    assert fail("A", first) is None
+    assert job(job_id).status == "running"
+
+    assert heartbeat("A", [(job_id, 2)], lease_seconds=300) == {job_id}
+    assert complete("A", second, '"from attempt 2"')
+    done = job(job_id)
+    assert (done.status, done.attempts, done.result) == ("done", 2, "from attempt 2")
+    assert attempts_of(job_id) == [(1, "lease_expired", "A"), (2, "done", "A")]
+
+
+def test_job_that_crashes_every_worker_ends_dead(db: Any) -> None:
+    """A poison job that kills its worker every time does not loop forever.
+
+    Each lease expiry counts as an attempt, so after max_attempts=3 expiries the reaper
+    marks it dead (with three lease_expired rows) and it is never claimed again.
+    """
+    job_id = enqueue_one(max_attempts=3)
+    for n in (1, 2, 3):
+        (held,) = claim(f"w{n}", lease_seconds=30)
+        assert (held.id, held.attempt) == (job_id, n)
+        reaped = reap(later(BIG))
+        assert reaped == {job_id: "scheduled" if n < 3 else "dead"}
+        promote(later(2 * BIG))
+
+    dead = job(job_id)
+    assert (dead.status, dead.attempts) == ("dead", 3)
+    assert dead.finished_at is not None
+    assert "lease expired" in dead.last_error
+    assert attempts_of(job_id) == [
+        (1, "lease_expired", "w1"),
+        (2, "lease_expired", "w2"),
+        (3, "lease_expired", "w3"),
+    ]
+    assert claim("w4") == []
+    assert reap(later(3 * BIG)) == {}
+
+
+def test_heartbeat_keeps_a_long_job_leased(db: Any) -> None:
+    """Heartbeats extend a lease, so a slow but alive job is not taken away.
+
+    Two jobs are claimed with a 30 s lease; only the first is heartbeated (to 300 s).
+    At now + 120 s the reaper recovers the silent one and leaves the heartbeated one
+    running, and its worker can still complete it.
+    """
+    long_id = enqueue_one(max_attempts=5)
+    silent_id = enqueue_one(max_attempts=5)
+    held = {h.id: h for h in claim("w1", limit=2, lease_seconds=30)}
+    assert set(held) == {long_id, silent_id}
+    lease_before = job(long_id).lease_expires_at
+
+    assert heartbeat("w1", [(long_id, held[long_id].attempt)], lease_seconds=300) == {long_id}
+    assert job(long_id).lease_expires_at > lease_before
+
+    assert reap(later(120)) == {silent_id: "scheduled"}
+    assert job(long_id).status == "running"
+    assert job(silent_id).status == "scheduled"
+
+    assert complete("w1", held[long_id])
+    assert complete("w1", held[silent_id]) is False
+    assert job(long_id).status == "done"
+    assert attempts_of(long_id) == [(1, "done", "w1")]
+    assert attempts_of(silent_id) == [(1, "lease_expired", "w1")]
+
+
+# -- rollback -----------------------------------------------------------------------------
+
+
+class Boom(Exception):
+    pass
+
+
+def _clock(tenant: str, queue: str) -> list[float]:
+    return list(
+        FairClock.objects.filter(tenant_id=tenant, queue=queue).values_list("vtime", flat=True)
+    )
+
+
+def test_rolled_back_enqueue_charges_no_virtual_time(db: Any) -> None:
+    """An enqueue rolled back with its transaction leaves no job and no clock change.
+
+    For an existing tenant the fair clock keeps its value, so the next real enqueue gets
+    the vtime right after the last one (no gap the tenant would be penalised for); for a
+    brand new tenant and queue there is no tenant row and no clock row at all.
+    """
+    first = enqueue_one()
+    clock_before = _clock("acme", "default")
+    assert clock_before == [job(first).vtime]
+
+    with pytest.raises(Boom), transaction.atomic():
+        enqueue_one()
+        pgqueue.enqueue_many("test.noop", [1, 2, 3], tenant="acme")
+        pgqueue.enqueue("test.noop", 1, tenant="ghost", queue="ghost-q")
+        pgqueue.enqueue_many("test.noop", [1, 2], tenant="ghost", queue="ghost-q")
+        raise Boom
+
+    assert list(Job.objects.values_list("id", flat=True)) == [first]
+    assert _clock("acme", "default") == clock_before
+    assert not Tenant.objects.filter(name="ghost").exists()
+    assert not FairClock.objects.filter(queue="ghost-q").exists()
+
+    second = enqueue_one()
+    assert job(second).vtime == job(first).vtime + 1
+
+
+def _listener() -> psycopg.Connection[Any]:
+    s = connection.settings_dict
+    params = {
+        "dbname": s["NAME"],
+        "user": s["USER"] or None,
+        "password": s["PASSWORD"] or None,
+        "host": s["HOST"] or None,
+        "port": s["PORT"] or None,
+    }
+    return psycopg.connect(autocommit=True, **{k: v for k, v in params.items() if v})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rolled_back_enqueue_wakes_no_worker() -> None:
+    """A rolled-back enqueue sends no NOTIFY, leaves no rows; a committed one notifies.
+
+    A separate connection LISTENs on the channel. The rolled-back enqueue (queue
+    "ghost-q") is followed by a committed control enqueue ("control-q") and then a
+    sentinel notification. Notifications arrive in commit order, so reading up to the
+    sentinel sees everything sent before it without a fixed wait: exactly the control's,
+    whose arrival proves the listener works.
+    """
+    channel = pgqueue_settings.NOTIFY_CHANNEL
+    with _listener() as listener:
+        listener.execute(f"LISTEN {channel}")
+
+        with pytest.raises(Boom), transaction.atomic():
+            pgqueue.enqueue("test.noop", 1, tenant="ghost", queue="ghost-q")
+            pgqueue.enqueue_many("test.noop", [1, 2, 3], tenant="ghost", queue="ghost-q")
+            raise Boom
+
+        assert not Job.objects.exists()
+        assert not Tenant.objects.filter(name="ghost").exists()
+        assert not FairClock.objects.exists()
+
+        control, created = pgqueue.enqueue("test.noop", 1, tenant="real", queue="control-q")
+        assert created
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_notify(%s, 'sentinel')", [channel])
+
+        received = []
+        for note in listener.notifies(timeout=10):
+            if note.payload == "sentinel":
+                break
+            received.append((note.channel, note.payload))
+        else:
+            pytest.fail(f"sentinel not received within the timeout; got {received}")
+
+    assert received == [(channel, "control-q")]
+    assert list(Job.objects.values_list("id", flat=True)) == [control.id]
+    assert not Tenant.objects.filter(name="ghost").exists()
+    assert not FairClock.objects.filter(queue="ghost-q").exists()
+
+
+# -- operator actions ---------------------------------------------------------------------
+
+
+def test_cancel_and_retry_services(db: Any) -> None:
+    """Operators can cancel waiting jobs and retry dead ones, and nothing else.
+
+    Cancel: a queued job becomes cancelled (and is never claimed); a running job cannot
+    be cancelled. Retry: a dead job restarts from attempt 0 with a fresh fair vtime and
+    keeps its history; a done job cannot be retried; unknown ids raise JobNotFound.
+    run_jobs_now makes a delayed job runnable at once.
+    """
+    queued = enqueue_one()
+    cancelled = services.cancel(queued)
+    assert cancelled.status == "cancelled" and cancelled.finished_at is not None
+
+    running = enqueue_one(max_attempts=5)
+    (held,) = claim("w1", lease_seconds=30)
+    assert held.id == running
+    with pytest.raises(pgqueue.InvalidTransition) as exc:
+        services.cancel(running)
+    assert exc.value.status == "running"
+    assert job(running).status == "running"
+
+    # Make it dead (permanent failure), then retry it.
+    assert fail("w1", held, permanent=True) == "dead"
+    old_vtime = job(running).vtime
+    retried = services.retry(running)
+    assert (retried.status, retried.attempts) == ("queued", 0)
+    assert retried.vtime is not None and retried.vtime > old_vtime
+    assert retried.finished_at is None and retried.lease_owner is None
+    assert attempts_of(running) == [(1, "failed", "w1")]
+    (again,) = claim("w2", lease_seconds=30)
+    assert (again.id, again.attempt) == (running, 1)
+    assert complete("w2", again)
+    assert attempts_of(running) == [(1, "failed", "w1"), (1, "done", "w2")]
+
+    with pytest.raises(pgqueue.InvalidTransition) as exc:
+        services.retry(running)
+    assert exc.value.status == "done"
+    with pytest.raises(pgqueue.JobNotFound):
+        services.retry(10**12)
+    with pytest.raises(pgqueue.JobNotFound):
+        services.cancel(10**12)
+
+    delayed = enqueue_one(delay=3600)
+    assert job(delayed).status == "scheduled"
+    assert claim("w3") == []
+    result = services.run_jobs_now([delayed])
+    assert result.changed == [delayed] and result.skipped == {}
+    now_queued = job(delayed)
+    assert now_queued.status == "queued" and now_queued.vtime is not None
+    (held,) = claim("w3", lease_seconds=30)
+    assert held.id == delayed
