@@ -73,9 +73,16 @@ for _key, _value in os.environ.items():
         except ValueError:
             PGQUEUE[_key.removeprefix("PGQUEUE_")] = _value
 
+# One line per event in logfmt (key=value), which log shippers parse as it is.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {
+        "logfmt": {
+            "format": "time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+            "datefmt": "%Y-%m-%dT%H:%M:%S%z",
+        }
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "logfmt"}},
     "loggers": {"pgqueue": {"handlers": ["console"], "level": "INFO"}},
 }

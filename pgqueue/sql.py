@@ -222,16 +222,35 @@ SELECT id, status, run_at FROM failed
 """
 
 # -- name: JOB_HEARTBEAT_MANY
-# Extend the leases of every job a worker holds, in one statement, every lease/3. Fenced:
-# a job not returned was lost (reaped and possibly claimed again) and its handler must not
-# record a result. Locks the matched rows (PK lookups); pgqueue_job_lease is updated.
+# Extend the leases of every job a worker holds, in one statement, every lease/3, and mark
+# the worker seen. Fenced: a job not returned was lost (reaped and possibly claimed again)
+# and its handler must not record a result. Locks the matched rows (PK lookups) and the
+# worker's registry row; pgqueue_job_lease is updated.
 JOB_HEARTBEAT_MANY = """
+WITH seen AS (UPDATE pgqueue_worker SET last_seen_at = now() WHERE id = %(worker)s)
 UPDATE pgqueue_job j
    SET lease_expires_at = now() + %(lease)s * interval '1 second'
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
  WHERE j.id = i.id AND j.attempts = i.attempt
    AND j.status = 'running' AND j.lease_owner = %(worker)s
 RETURNING j.id
+"""
+
+# -- name: JOB_RELEASE_MANY
+# Give back jobs a stopping worker claimed but never started: queued again with their old
+# vtime (they keep their place) and the attempt not counted. Fenced like a completion.
+# Notifies their queues so another worker takes them at once.
+JOB_RELEASE_MANY = """
+WITH released AS (
+    UPDATE pgqueue_job j
+       SET status = 'queued', attempts = j.attempts - 1, lease_owner = NULL,
+           lease_expires_at = NULL, started_at = NULL
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
+     WHERE j.id = i.id AND j.attempts = i.attempt
+       AND j.status = 'running' AND j.lease_owner = %(worker)s
+    RETURNING j.id, j.queue
+)
+SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM released
 """
 
 # -- name: JOB_REAP_EXPIRED
@@ -381,4 +400,33 @@ WITH tenant_row AS ({_TENANT_ENSURE})
 INSERT INTO pgqueue_queue_weight (queue, tenant, weight)
 VALUES (%(queue)s, %(tenant)s, %(weight)s)
 ON CONFLICT (tenant, queue) DO UPDATE SET weight = EXCLUDED.weight
+"""
+
+# -- name: MAINTENANCE_TRY_LOCK
+# One worker at a time runs maintenance: a transaction-scoped advisory lock, released by
+# the transaction's end (so a worker that dies mid-run frees it at once). Never waits.
+MAINTENANCE_TRY_LOCK = """
+SELECT pg_try_advisory_xact_lock(%(key)s)
+"""
+
+# -- name: WORKER_REGISTER
+# A worker process records itself at start (PK upsert on its id).
+WORKER_REGISTER = """
+INSERT INTO pgqueue_worker (id, host, pid, queues, concurrency)
+VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s)
+ON CONFLICT (id) DO UPDATE
+   SET last_seen_at = now(), stopped_at = NULL, queues = EXCLUDED.queues,
+       concurrency = EXCLUDED.concurrency
+"""
+
+# -- name: WORKER_STOP
+# A worker marks itself stopped on a clean exit; a killed one just stops being seen.
+WORKER_STOP = """
+UPDATE pgqueue_worker SET stopped_at = now(), last_seen_at = now() WHERE id = %(worker)s
+"""
+
+# -- name: WORKER_PRUNE
+# Maintenance forgets workers not seen for a day (the registry is for the living).
+WORKER_PRUNE = """
+DELETE FROM pgqueue_worker WHERE last_seen_at < now() - interval '1 day'
 """

@@ -251,3 +251,49 @@ def statuses(cursor: Any, ids: Sequence[int]) -> dict[int, str]:
 def set_weight(cursor: Any, *, tenant: str, weight: float, queue: str | None = None) -> None:
     params = {"tenant": tenant, "weight": float(weight), "queue": queue}
     cursor.execute(sql.TENANT_SET_WEIGHT if queue is None else sql.QUEUE_WEIGHT_SET, params)
+
+
+def release_many(cursor: Any, *, worker: str, held: Sequence[tuple[int, int]]) -> set[int]:
+    """Give back claimed-but-unstarted ``(job id, attempt)`` pairs (JOB_RELEASE_MANY)."""
+    cursor.execute(
+        sql.JOB_RELEASE_MANY,
+        {
+            "worker": worker,
+            "ids": [h[0] for h in held],
+            "attempts": [h[1] for h in held],
+            "channel": pgqueue_settings.NOTIFY_CHANNEL,
+        },
+    )
+    return set(_ids(cursor.fetchall()))
+
+
+#: The advisory lock key of maintenance ("pgqueue" in ASCII, as a bigint).
+MAINTENANCE_LOCK_KEY = int.from_bytes(b"pgqueue", "big")
+
+
+def try_maintenance_lock(cursor: Any) -> bool:
+    cursor.execute(sql.MAINTENANCE_TRY_LOCK, {"key": MAINTENANCE_LOCK_KEY})
+    return bool(cursor.fetchone()[0])
+
+
+def register_worker(
+    cursor: Any, *, worker: str, host: str, pid: int, queues: Sequence[str], concurrency: int
+) -> None:
+    cursor.execute(
+        sql.WORKER_REGISTER,
+        {
+            "worker": worker,
+            "host": host,
+            "pid": pid,
+            "queues": json.dumps(list(queues)),
+            "concurrency": concurrency,
+        },
+    )
+
+
+def stop_worker(cursor: Any, *, worker: str) -> None:
+    cursor.execute(sql.WORKER_STOP, {"worker": worker})
+
+
+def prune_workers(cursor: Any) -> None:
+    cursor.execute(sql.WORKER_PRUNE)

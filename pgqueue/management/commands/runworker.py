@@ -1,0 +1,114 @@
+"""``manage.py runworker``: run pgqueue jobs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from pgqueue.conf import pgqueue_settings
+from pgqueue.worker import Worker
+from pgqueue.worker.supervisor import Supervisor, child_command
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(value)
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Run pgqueue jobs: claim runnable jobs for idle executor threads, run their handlers, "
+        "record outcomes in batches. SIGTERM/SIGINT finishes the jobs in hand and exits 0; "
+        "a second signal exits at once with status 1 (leases recover the rest)."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--queues",
+            default=None,
+            help="comma-separated queues to take jobs from (default: PGQUEUE DEFAULT_QUEUE)",
+        )
+        parser.add_argument(
+            "--concurrency", type=_positive, default=4, help="handler threads per process"
+        )
+        parser.add_argument(
+            "--processes",
+            type=_positive,
+            default=1,
+            help="worker processes under this one (for CPU-bound tasks); each has "
+            "--concurrency threads",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=_positive,
+            default=None,
+            help="most jobs one claim takes (default: PGQUEUE BATCH_SIZE)",
+        )
+        parser.add_argument("--burst", action="store_true", help="exit when no job is runnable")
+        parser.add_argument(
+            "--max-jobs", type=_positive, default=None, help="exit after this many jobs"
+        )
+        parser.add_argument("--database", default="default", help="database alias")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        queues = [
+            q.strip()
+            for q in (options["queues"] or pgqueue_settings.DEFAULT_QUEUE).split(",")
+            if q.strip()
+        ]
+        if not queues:
+            raise CommandError("--queues names no queue")
+        _configure_logging(options["verbosity"])
+
+        if options["processes"] > 1:
+            supervisor = Supervisor(
+                child_command(sys.argv),
+                options["processes"],
+                restart=not (options["burst"] or options["max_jobs"]),
+            )
+            sys.exit(supervisor.run())
+
+        worker = Worker(
+            queues=queues,
+            concurrency=options["concurrency"],
+            batch_size=options["batch_size"],
+            burst=options["burst"],
+            max_jobs=options["max_jobs"],
+            alias=options["database"],
+        )
+        signals = 0
+
+        def on_signal(signum: int, _frame: object) -> None:
+            nonlocal signals
+            signals += 1
+            if signals > 1:
+                os._exit(1)  # the second signal: now, without cleanup
+            worker.request_stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+        sys.exit(worker.run())
+
+
+def _configure_logging(verbosity: int) -> None:
+    """Log job outcomes to stderr unless the project configured pgqueue's loggers."""
+    logger = logging.getLogger("pgqueue")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        logging.Formatter(
+            "time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+            datefmt="%Y-%m-%dT%H:%M:%S%z",
+        )
+    )
+    logger.addHandler(handler)
+    # -v 0: warnings only (no line per job); -v 1 (default): one line per job; -v 2: debug.
+    logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))

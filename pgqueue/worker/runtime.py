@@ -1,0 +1,449 @@
+"""The worker process: claim for free slots, run handlers on threads, record in batches.
+
+One thread (the loop) owns the bookkeeping connection and does every database write of
+the worker: claims, completions, failures, heartbeats and maintenance. Handlers run on an
+executor of ``concurrency`` threads and hand their outcomes back through a queue. Each
+turn of the loop records every outcome that has arrived and claims as many jobs as there
+are idle slots, in one transaction: one commit carries as many jobs as it can, because the
+commit (the WAL flush), not the CPU, is what a job queue on PostgreSQL waits for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import queue
+import random
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from django.db import close_old_connections
+
+from .. import store
+from ..conf import pgqueue_settings
+from ..exceptions import PermanentError
+from ..registry import get_task
+from .connection import connect, connect_params
+from .context import JobContext
+from .listener import Listener
+from .maintenance import run_maintenance
+
+logger = logging.getLogger("pgqueue.worker")
+
+# Errors after which the bookkeeping connection is presumed broken and is made again.
+CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How one run of a handler ended, waiting to be recorded."""
+
+    ctx: JobContext
+    ok: bool
+    result_json: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    permanent: bool = False
+    duration: float = 0.0
+
+
+def _encode_result(value: Any) -> str | None:
+    if value is None:
+        return None
+    return json.dumps(value, allow_nan=False, separators=(",", ":"))
+
+
+class Worker:
+    """One worker process. ``run()`` returns the process exit status."""
+
+    def __init__(
+        self,
+        *,
+        queues: Sequence[str] = ("default",),
+        concurrency: int = 4,
+        batch_size: int | None = None,
+        burst: bool = False,
+        max_jobs: int | None = None,
+        alias: str = "default",
+        worker_id: str | None = None,
+    ) -> None:
+        self.queues = list(dict.fromkeys(queues))
+        self.concurrency = concurrency
+        self.batch_size = batch_size or int(pgqueue_settings.BATCH_SIZE)
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.alias = alias
+        host = socket.gethostname()
+        self.host = host
+        self.id = worker_id or f"{host}:{os.getpid()}:{os.urandom(3).hex()}"
+        self.lease = float(pgqueue_settings.LEASE_SECONDS)
+        self.heartbeat_every = pgqueue_settings.heartbeat_seconds
+        self.poll_every = float(pgqueue_settings.POLL_SECONDS)
+        self.maintenance_every = float(pgqueue_settings.MAINTENANCE_SECONDS)
+
+        self.params = connect_params(alias, application_name=f"pgqueue worker {self.id}"[:63])
+        self.db: psycopg.Connection | None = None
+        self.executor = ThreadPoolExecutor(concurrency, thread_name_prefix="pgqueue-job")
+        self.outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self.wake_event = threading.Event()
+        self.stopping = threading.Event()
+        self.in_flight: dict[int, JobContext] = {}
+        self.pending: list[Outcome] = []  # taken from the queue, not yet recorded
+        self.claimed_total = 0
+        self.finished_total = 0
+        self._heartbeat_requested = threading.Event()
+        self._heartbeat_done = threading.Condition()
+        self._heartbeat_round = 0
+        self.listener = Listener(
+            connect_params(alias, application_name=f"pgqueue listener {self.id}"[:63]),
+            pgqueue_settings.NOTIFY_CHANNEL,
+            self.queues,
+            self.wake,
+        )
+
+    # -- signals and wake-ups -----------------------------------------------------------
+
+    def wake(self) -> None:
+        self.wake_event.set()
+
+    def request_stop(self) -> None:
+        """Stop claiming, finish the jobs in hand, record them and exit (signal-safe)."""
+        self.stopping.set()
+        self.wake_event.set()
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self._connect_until_up()
+        self._register()
+        self.listener.start()
+        logger.info(
+            "event=worker_started worker=%s queues=%s concurrency=%d batch_size=%d",
+            self.id,
+            ",".join(self.queues),
+            self.concurrency,
+            self.batch_size,
+        )
+        next_heartbeat = time.monotonic() + self.heartbeat_every
+        next_maintenance = time.monotonic()
+        try:
+            while True:
+                self.wake_event.clear()
+                try:
+                    if self.stopping.is_set() and not self._released:
+                        self._release_unstarted()
+                    claimed_all = self._turn()
+                    now = time.monotonic()
+                    if now >= next_heartbeat or self._heartbeat_requested.is_set():
+                        self._heartbeat()
+                        next_heartbeat = now + self.heartbeat_every
+                    if now >= next_maintenance and not self.stopping.is_set():
+                        run_maintenance(self.db)
+                        next_maintenance = now + self.maintenance_every * (
+                            0.8 + 0.4 * random.random()
+                        )
+                except CONNECTION_ERRORS as exc:
+                    logger.warning("event=db_error error=%r action=reconnect", str(exc).strip())
+                    self._connect_until_up()
+                    continue
+                if self._finished(claimed_all):
+                    break
+                if claimed_all and not self.stopping.is_set():
+                    continue  # every free slot was filled: there may be more right away
+                timeout = min(
+                    self.poll_every * (0.75 + 0.5 * random.random()),
+                    max(0.0, next_heartbeat - time.monotonic()),
+                    max(0.0, next_maintenance - time.monotonic())
+                    if not self.stopping.is_set()
+                    else self.poll_every,
+                )
+                self.wake_event.wait(timeout)
+        finally:
+            self._shutdown()
+        return 0
+
+    def _turn(self) -> bool:
+        """Record what finished and claim for the idle slots, in one transaction.
+
+        Returns True when the claim filled every slot it asked for (more may be waiting).
+        """
+        self._take_outcomes()
+        want = self._want()
+        if not self.pending and not want:
+            return False
+        assert self.db is not None
+        claimed: list[store.ClaimedJob] = []
+        # Only a claim to make: one statement, its own transaction; else one transaction.
+        block = self.db.transaction() if self.pending else contextlib.nullcontext()
+        with block, self.db.cursor() as cur:
+            recorded = self._record(cur, self.pending)
+            if want:
+                claimed = store.claim(
+                    cur, worker=self.id, queues=self.queues, limit=want, lease_seconds=self.lease
+                )
+        # Committed: the outcomes are durable and the claims are ours.
+        self._log_outcomes(self.pending, recorded)
+        self.pending = []
+        self._dispatch(claimed)
+        self._burst_idle = want > 0 and not claimed
+        return bool(want) and len(claimed) == want
+
+    _released = False
+
+    def _take_outcomes(self) -> None:
+        """Move finished jobs from in flight to pending: their slots are free again, and
+        they stay in the heartbeat set until their outcome is recorded."""
+        while True:
+            try:
+                outcome = self.outcomes.get_nowait()
+            except queue.Empty:
+                return
+            self.in_flight.pop(outcome.ctx.id, None)
+            self.pending.append(outcome)
+
+    def _release_unstarted(self) -> None:
+        """On stop: give back jobs claimed but not yet started, so others run them now."""
+        unstarted = [
+            c for c in list(self.in_flight.values()) if not c.started and c.future.cancel()
+        ]
+        if unstarted:
+            assert self.db is not None
+            with self.db.cursor() as cur:
+                released = store.release_many(
+                    cur, worker=self.id, held=[(c.id, c.attempt) for c in unstarted]
+                )
+            for ctx in unstarted:
+                self.in_flight.pop(ctx.id, None)
+            logger.info("event=released_unstarted count=%d", len(released))
+        self._released = True
+
+    def _want(self) -> int:
+        if self.stopping.is_set():
+            return 0
+        want = min(self.concurrency - len(self.in_flight), self.batch_size)
+        if self.max_jobs is not None:
+            want = min(want, self.max_jobs - self.claimed_total)
+        return max(want, 0)
+
+    def _finished(self, claimed_all: bool) -> bool:
+        if self.in_flight or self.pending or not self.outcomes.empty():
+            return False
+        if self.stopping.is_set():
+            return True
+        if self.max_jobs is not None and self.finished_total >= self.max_jobs:
+            return True
+        return self.burst and self._burst_idle and not claimed_all
+
+    _burst_idle = False
+
+    # -- recording ------------------------------------------------------------------------
+
+    def _record(self, cur: Any, outcomes: list[Outcome]) -> set[int]:
+        """Write outcomes (fenced); returns the ids whose outcome was recorded."""
+        successes = [
+            (o.ctx.id, o.ctx.attempt, o.result_json) for o in outcomes if o.ok and not o.ctx.lost
+        ]
+        failures = [
+            store.Failure(o.ctx.id, o.ctx.attempt, o.error or "", o.traceback, o.permanent)
+            for o in outcomes
+            if not o.ok and not o.ctx.lost
+        ]
+        recorded: set[int] = set()
+        if successes:
+            recorded |= store.complete_many(cur, worker=self.id, results=successes)
+        if failures:
+            recorded |= set(store.fail_many(cur, worker=self.id, failures=failures))
+        return recorded
+
+    def _log_outcomes(self, outcomes: list[Outcome], recorded: set[int]) -> None:
+        for o in outcomes:
+            self.finished_total += 1
+            ctx = o.ctx
+            if ctx.id not in recorded:
+                logger.warning(
+                    "job=%d task=%s tenant=%s queue=%s attempt=%d outcome=discarded "
+                    "reason=lease_lost duration_ms=%.1f",
+                    ctx.id,
+                    ctx.task,
+                    ctx.tenant,
+                    ctx.queue,
+                    ctx.attempt,
+                    o.duration * 1000,
+                )
+            elif logger.isEnabledFor(logging.INFO):
+                outcome = "done" if o.ok else ("dead" if o.permanent else "failed")
+                if not o.ok and not o.permanent and ctx.attempt >= ctx.max_attempts:
+                    outcome = "dead"
+                logger.info(
+                    "job=%d task=%s tenant=%s queue=%s attempt=%d outcome=%s duration_ms=%.1f%s",
+                    ctx.id,
+                    ctx.task,
+                    ctx.tenant,
+                    ctx.queue,
+                    ctx.attempt,
+                    outcome,
+                    o.duration * 1000,
+                    "" if o.ok else f" error={o.error!r}",
+                )
+
+    # -- running handlers -----------------------------------------------------------------
+
+    def _dispatch(self, claimed: list[store.ClaimedJob]) -> None:
+        for job in claimed:
+            ctx = JobContext(
+                id=job.id,
+                task=job.task,
+                payload=job.payload,
+                tenant=job.tenant,
+                queue=job.queue,
+                priority=job.priority,
+                attempt=job.attempt,
+                max_attempts=job.max_attempts,
+                worker_id=self.id,
+                heartbeat=self._request_heartbeat,
+            )
+            self.in_flight[job.id] = ctx
+            self.claimed_total += 1
+            ctx.future = self.executor.submit(self._execute, ctx)
+            ctx.future.add_done_callback(functools.partial(self._on_done, ctx))
+
+    def _execute(self, ctx: JobContext) -> Outcome:
+        ctx.started = True
+        started = time.perf_counter()
+        outcome = Outcome(ctx, ok=False)
+        try:
+            value = get_task(ctx.task).func(ctx.payload, ctx)
+            try:
+                outcome.result_json = _encode_result(value)
+                outcome.ok = True
+            except (TypeError, ValueError) as exc:
+                # The same code would return the same thing again: retrying cannot help.
+                outcome.error = f"result is not JSON-serialisable: {exc}"
+                outcome.permanent = True
+        except PermanentError as exc:
+            outcome.error, outcome.permanent = _describe(exc), True
+            outcome.traceback = traceback.format_exc()
+        except Exception as exc:
+            outcome.error = _describe(exc)
+            outcome.traceback = traceback.format_exc()
+        finally:
+            outcome.duration = time.perf_counter() - started
+            close_old_connections()
+        return outcome
+
+    def _on_done(self, ctx: JobContext, future: Future) -> None:
+        """Hand the outcome to the loop; also covers a handler that raised SystemExit."""
+        if future.cancelled():
+            return
+        exc = future.exception()  # a BaseException that escaped _execute, e.g. sys.exit()
+        outcome = future.result() if exc is None else Outcome(ctx, ok=False, error=_describe(exc))
+        self.outcomes.put(outcome)
+        self.wake_event.set()
+
+    # -- heartbeats -----------------------------------------------------------------------
+
+    def _request_heartbeat(self, timeout: float) -> None:
+        """Called from a handler thread: renew leases now and wait for that to happen."""
+        with self._heartbeat_done:
+            target = self._heartbeat_round + 1
+            self._heartbeat_requested.set()
+            self.wake_event.set()
+            self._heartbeat_done.wait_for(lambda: self._heartbeat_round >= target, timeout)
+
+    def _heartbeat(self) -> None:
+        self._heartbeat_requested.clear()
+        contexts = [*self.in_flight.values(), *(o.ctx for o in self.pending)]
+        held = [(c.id, c.attempt) for c in contexts if not c.lost]
+        assert self.db is not None
+        with self.db.cursor() as cur:
+            kept = store.heartbeat_many(cur, worker=self.id, held=held, lease_seconds=self.lease)
+        for ctx in contexts:
+            if not ctx.lost and ctx.id not in kept:
+                ctx.mark_lost()
+                logger.warning(
+                    "job=%d attempt=%d event=lease_lost action=result_will_be_discarded",
+                    ctx.id,
+                    ctx.attempt,
+                )
+        with self._heartbeat_done:
+            self._heartbeat_round += 1
+            self._heartbeat_done.notify_all()
+
+    # -- connection, registry, shutdown ---------------------------------------------------
+
+    def _connect_until_up(self) -> None:
+        if self.db is not None:
+            with contextlib.suppress(psycopg.Error):
+                self.db.close()
+            self.db = None
+        delay = 0.1
+        while True:
+            try:
+                self.db = connect(self.params)
+                self._register()
+                return
+            except CONNECTION_ERRORS as exc:
+                logger.warning(
+                    "event=db_unavailable error=%r retry_in=%.1fs", str(exc).strip(), delay
+                )
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 5.0)
+
+    def _register(self) -> None:
+        assert self.db is not None
+        with self.db.cursor() as cur:
+            store.register_worker(
+                cur,
+                worker=self.id,
+                host=self.host,
+                pid=os.getpid(),
+                queues=self.queues,
+                concurrency=self.concurrency,
+            )
+
+    def _shutdown(self) -> None:
+        """Record whatever finished, deregister and close. Runs on every exit of the loop.
+
+        On a graceful stop the loop has already finished the jobs in hand and released the
+        unstarted ones; after an unexpected error, handlers still running are waited for
+        and recorded, and anything not recorded is recovered by its lease.
+        """
+        self.stopping.set()
+        self.executor.shutdown(wait=True)
+        self.listener.stop()
+        for attempt in range(3):
+            try:
+                if self.db is None or self.db.closed:
+                    self._connect_until_up()
+                assert self.db is not None
+                self._take_outcomes()
+                with self.db.transaction(), self.db.cursor() as cur:
+                    recorded = self._record(cur, self.pending)
+                    store.stop_worker(cur, worker=self.id)
+                self._log_outcomes(self.pending, recorded)
+                self.pending = []
+                break
+            except CONNECTION_ERRORS as exc:
+                logger.warning(
+                    "event=db_error_on_shutdown error=%r attempt=%d", str(exc).strip(), attempt
+                )
+                self.db = None
+        if self.db is not None:
+            self.db.close()
+        logger.info("event=worker_stopped worker=%s jobs=%d", self.id, self.finished_total)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    name = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
+    return f"{name}: {text}" if text else name
