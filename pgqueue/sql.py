@@ -121,18 +121,26 @@ JOB_GET_BY_IDEMPOTENCY_KEY = """
 SELECT id FROM pgqueue_job WHERE tenant = %(tenant)s AND idempotency_key = %(idempotency_key)s
 """
 
-# -- name: JOB_CLAIM
-# Claim up to %(limit)s runnable jobs from %(queues)s for one worker. Called by workers.
+# The claim, as CTEs that end in ``claimed`` (the rows now leased to %(worker)s). Used by
+# JOB_CLAIM and JOB_COMPLETE_AND_CLAIM.
 # Locks: the chosen rows, FOR UPDATE SKIP LOCKED: rows another claimer holds are skipped,
 #   never waited on, so N workers take N different jobs and none is handed out twice.
 #   The transaction commits at once; nothing stays locked while the job runs (the lease
 #   takes over).
 # Index: pgqueue_job_claim, one range scan per queue, already in claim order.
-# With several queues, each queue offers its own best jobs and they are interleaved rank
-# by rank (priority first): vtimes of different queues are not comparable.
-# The candidates CTE is MATERIALIZED so that locking happens once, before the UPDATE.
-JOB_CLAIM = """
-WITH candidates AS MATERIALIZED (
+# The CTE that locks is MATERIALIZED so that locking happens once, before the UPDATE.
+_CLAIM_ONE_QUEUE = """
+picked AS MATERIALIZED (
+    SELECT id FROM pgqueue_job
+     WHERE queue = (%(queues)s::text[])[1] AND status = 'queued'
+     ORDER BY priority DESC, vtime, id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),"""
+# With several queues, each queue offers its own best jobs and they are interleaved rank by
+# rank (priority first): vtimes of different queues are not comparable.
+_CLAIM_MANY_QUEUES = """
+candidates AS MATERIALIZED (
     SELECT j.id, j.priority, j.vtime, q.ord
       FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)
       CROSS JOIN LATERAL (
@@ -150,25 +158,29 @@ picked AS (
           FROM candidates) c
      ORDER BY priority DESC, rank, ord
      LIMIT %(limit)s
+),"""
+_CLAIM_UPDATE = """
+claimed AS (
+    UPDATE pgqueue_job j
+       SET status = 'running',
+           attempts = j.attempts + 1,
+           lease_owner = %(worker)s,
+           lease_expires_at = now() + %(lease)s * interval '1 second',
+           started_at = now()
+      FROM picked
+     WHERE j.id = picked.id
+    RETURNING j.id, j.task, j.payload::text AS payload, j.tenant, j.queue, j.priority,
+              j.attempts, j.max_attempts, j.lease_expires_at, j.vtime
+)"""
+_CLAIMED_COLUMNS = (
+    "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, vtime"
 )
-UPDATE pgqueue_job j
-   SET status = 'running',
-       attempts = j.attempts + 1,
-       lease_owner = %(worker)s,
-       lease_expires_at = now() + %(lease)s * interval '1 second',
-       started_at = now()
-  FROM picked
- WHERE j.id = picked.id
-RETURNING j.id, j.task, j.payload::text, j.tenant, j.queue, j.priority, j.attempts,
-          j.max_attempts, j.lease_expires_at, j.vtime
-"""
 
-# -- name: JOB_COMPLETE_MANY
-# Record successes for jobs this worker holds: status done, the result, and one attempt row
-# each. Fenced: a job whose lease was lost (reaped, or claimed again by anyone, this worker
-# included) does not match and is not returned. Locks the matched job rows (PK lookups).
-JOB_COMPLETE_MANY = """
-WITH input AS (
+# Completions, as CTEs that end in ``done`` (the ids recorded). Fenced: a job whose lease
+# was lost (reaped, or claimed again by anyone, this worker included) does not match and
+# is not returned. Locks the matched job rows (PK lookups); one attempt row each.
+_COMPLETE = """
+done_input AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::text[])
         AS i(id, attempt, result)
 ),
@@ -176,15 +188,47 @@ done AS (
     UPDATE pgqueue_job j
        SET status = 'done', result = i.result::jsonb, finished_at = now(),
            lease_expires_at = NULL
-      FROM input i
+      FROM done_input i
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
     RETURNING j.id, j.attempts, j.started_at
+),
+done_history AS (
+    INSERT INTO pgqueue_job_attempt (job_id, attempt, worker, started_at, finished_at, outcome)
+    SELECT id, attempts, %(worker)s, started_at, now(), 'done' FROM done
+)"""
+
+# -- name: JOB_CLAIM / JOB_CLAIM_MANY_QUEUES
+# Claim up to %(limit)s runnable jobs for one worker (see _CLAIM_* above). Called by workers
+# when they have idle slots and nothing to record.
+JOB_CLAIM = f"WITH {_CLAIM_ONE_QUEUE}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
+JOB_CLAIM_MANY_QUEUES = (
+    f"WITH {_CLAIM_MANY_QUEUES}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
 )
-INSERT INTO pgqueue_job_attempt (job_id, attempt, worker, started_at, finished_at, outcome)
-SELECT id, attempts, %(worker)s, started_at, now(), 'done' FROM done
-RETURNING job_id
-"""
+
+# -- name: JOB_COMPLETE_MANY
+# Record successes for jobs this worker holds (see _COMPLETE above).
+JOB_COMPLETE_MANY = f"WITH {_COMPLETE}\nSELECT id FROM done"
+
+# -- name: JOB_COMPLETE_AND_CLAIM / JOB_COMPLETE_AND_CLAIM_MANY_QUEUES
+# A worker's steady state in one statement, one round trip and one commit: record the
+# successes of the jobs that finished and claim as many new ones as that freed. The two
+# parts touch disjoint rows (running ones are recorded, queued ones claimed). Returns the
+# claimed jobs (is_claim true) and the recorded ids (is_claim false).
+_COMPLETE_AND_CLAIM = """
+SELECT TRUE AS is_claim, {columns} FROM claimed
+UNION ALL
+SELECT FALSE, id, NULL::text, NULL::text, NULL::text, NULL::varchar, NULL::smallint, NULL::int,
+       NULL::int, NULL::timestamptz, NULL::float8
+  FROM done"""
+JOB_COMPLETE_AND_CLAIM = (
+    f"WITH {_COMPLETE},{_CLAIM_ONE_QUEUE}{_CLAIM_UPDATE}"
+    + _COMPLETE_AND_CLAIM.format(columns=_CLAIMED_COLUMNS)
+)
+JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
+    f"WITH {_COMPLETE},{_CLAIM_MANY_QUEUES}{_CLAIM_UPDATE}"
+    + _COMPLETE_AND_CLAIM.format(columns=_CLAIMED_COLUMNS)
+)
 
 # -- name: JOB_FAIL_MANY
 # Record failures for jobs this worker holds. Out of attempts, or a permanent error, means

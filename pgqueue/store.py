@@ -100,6 +100,24 @@ def job_id_for_key(cursor: Any, *, tenant: str, idempotency_key: str) -> int | N
     return row[0] if row else None
 
 
+def _claimed(row: Sequence[Any]) -> ClaimedJob:
+    return ClaimedJob(
+        row[0], row[1], json.loads(row[2]), row[3], row[4], row[5], row[6], row[7], row[8], row[9]
+    )
+
+
+def _claim_params(
+    worker: str, queues: Sequence[str], limit: int, lease_seconds: float | None
+) -> dict[str, Any]:
+    lease = pgqueue_settings.LEASE_SECONDS if lease_seconds is None else lease_seconds
+    return {"queues": list(queues), "limit": limit, "worker": worker, "lease": float(lease)}
+
+
+def _best_first(jobs: list[ClaimedJob]) -> list[ClaimedJob]:
+    jobs.sort(key=lambda j: (-j.priority, j.vtime, j.id))
+    return jobs
+
+
 def claim(
     cursor: Any,
     *,
@@ -109,17 +127,46 @@ def claim(
     lease_seconds: float | None = None,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` runnable jobs (JOB_CLAIM), best first."""
-    lease = pgqueue_settings.LEASE_SECONDS if lease_seconds is None else lease_seconds
-    cursor.execute(
-        sql.JOB_CLAIM,
-        {"queues": list(queues), "limit": limit, "worker": worker, "lease": float(lease)},
+    statement = sql.JOB_CLAIM if len(queues) == 1 else sql.JOB_CLAIM_MANY_QUEUES
+    cursor.execute(statement, _claim_params(worker, queues, limit, lease_seconds))
+    return _best_first([_claimed(r) for r in cursor.fetchall()])
+
+
+def complete_and_claim(
+    cursor: Any,
+    *,
+    worker: str,
+    results: Sequence[tuple[int, int, str | None]],
+    queues: Sequence[str],
+    limit: int,
+    lease_seconds: float | None = None,
+) -> tuple[set[int], list[ClaimedJob]]:
+    """Record successes and claim up to ``limit`` jobs in one statement.
+
+    Returns the ids recorded (the others were fenced out) and the claimed jobs.
+    """
+    statement = (
+        sql.JOB_COMPLETE_AND_CLAIM if len(queues) == 1 else sql.JOB_COMPLETE_AND_CLAIM_MANY_QUEUES
     )
-    jobs = [
-        ClaimedJob(r[0], r[1], json.loads(r[2]), r[3], r[4], r[5], r[6], r[7], r[8], r[9])
-        for r in cursor.fetchall()
-    ]
-    jobs.sort(key=lambda j: (-j.priority, j.vtime, j.id))
-    return jobs
+    params = _claim_params(worker, queues, limit, lease_seconds)
+    params.update(_complete_params(results))
+    cursor.execute(statement, params)
+    recorded: set[int] = set()
+    claimed: list[ClaimedJob] = []
+    for row in cursor.fetchall():
+        if row[0]:
+            claimed.append(_claimed(row[1:]))
+        else:
+            recorded.add(row[1])
+    return recorded, _best_first(claimed)
+
+
+def _complete_params(results: Sequence[tuple[int, int, str | None]]) -> dict[str, Any]:
+    return {
+        "ids": [r[0] for r in results],
+        "attempts": [r[1] for r in results],
+        "results": [r[2] for r in results],
+    }
 
 
 def complete_many(
@@ -129,15 +176,7 @@ def complete_many(
 
     Returns the ids recorded; the others had lost their lease (fenced out).
     """
-    cursor.execute(
-        sql.JOB_COMPLETE_MANY,
-        {
-            "worker": worker,
-            "ids": [r[0] for r in results],
-            "attempts": [r[1] for r in results],
-            "results": [r[2] for r in results],
-        },
-    )
+    cursor.execute(sql.JOB_COMPLETE_MANY, {"worker": worker, **_complete_params(results)})
     return set(_ids(cursor.fetchall()))
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,6 @@ class JobContext:
     """
 
     __slots__ = (
-        "_done",
         "_heartbeat",
         "_lost",
         "attempt",
@@ -60,16 +58,15 @@ class JobContext:
         self.started_at = 0.0
         self.future: Any = None
         self._heartbeat = heartbeat
-        self._lost = threading.Event()
-        self._done = False
+        self._lost = False  # written by the worker's loop thread only
 
     @property
     def lost(self) -> bool:
         """True once the worker learnt that this job's lease was lost."""
-        return self._lost.is_set()
+        return self._lost
 
     def mark_lost(self) -> None:
-        self._lost.set()
+        self._lost = True
 
     def heartbeat(self, timeout: float = 10.0) -> bool:
         """Ask the worker to renew its leases now; returns whether this job is still held.

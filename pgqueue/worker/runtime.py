@@ -158,8 +158,8 @@ class Worker:
                     continue
                 if self._finished(claimed_all):
                     break
-                if claimed_all and not self.stopping.is_set():
-                    continue  # every free slot was filled: there may be more right away
+                if claimed_all and self._want() > 0:
+                    continue  # the batch size capped the claim: more may be waiting now
                 timeout = min(
                     self.poll_every * (0.75 + 0.5 * random.random()),
                     max(0.0, next_heartbeat - time.monotonic()),
@@ -168,6 +168,7 @@ class Worker:
                     else self.poll_every,
                 )
                 self.wake_event.wait(timeout)
+                self._linger()
         finally:
             self._shutdown()
         return 0
@@ -183,14 +184,39 @@ class Worker:
             return False
         assert self.db is not None
         claimed: list[store.ClaimedJob] = []
-        # Only a claim to make: one statement, its own transaction; else one transaction.
-        block = self.db.transaction() if self.pending else contextlib.nullcontext()
-        with block, self.db.cursor() as cur:
-            recorded = self._record(cur, self.pending)
-            if want:
-                claimed = store.claim(
-                    cur, worker=self.id, queues=self.queues, limit=want, lease_seconds=self.lease
-                )
+        successes, failures = self._split(self.pending)
+        if want and not failures:
+            # The steady state: one statement records and claims (one round trip, one commit).
+            with self.db.cursor() as cur:
+                if successes:
+                    recorded, claimed = store.complete_and_claim(
+                        cur,
+                        worker=self.id,
+                        results=successes,
+                        queues=self.queues,
+                        limit=want,
+                        lease_seconds=self.lease,
+                    )
+                else:
+                    recorded = set()
+                    claimed = store.claim(
+                        cur,
+                        worker=self.id,
+                        queues=self.queues,
+                        limit=want,
+                        lease_seconds=self.lease,
+                    )
+        else:
+            with self.db.transaction(), self.db.cursor() as cur:
+                recorded = self._record(cur, self.pending)
+                if want:
+                    claimed = store.claim(
+                        cur,
+                        worker=self.id,
+                        queues=self.queues,
+                        limit=want,
+                        lease_seconds=self.lease,
+                    )
         # Committed: the outcomes are durable and the claims are ours.
         self._log_outcomes(self.pending, recorded)
         self.pending = []
@@ -199,6 +225,29 @@ class Worker:
         return bool(want) and len(claimed) == want
 
     _released = False
+
+    #: Longest a turn waits, once a job has finished, for the rest in flight to finish too.
+    LINGER_SECONDS = 0.002
+
+    def _linger(self) -> None:
+        """Let finished jobs gather so that one commit records several.
+
+        Short jobs started together finish within microseconds of one another; recording
+        the first alone would split the slots into small cohorts, each paying a commit.
+        Waiting a couple of milliseconds at most merges them. Nothing waits when no job
+        has finished yet (a wake-up for new work claims at once).
+        """
+        if not self.in_flight or self.outcomes.empty() or self.stopping.is_set():
+            return
+        deadline = time.monotonic() + self.LINGER_SECONDS
+        while self.outcomes.qsize() < len(self.in_flight):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self.wake_event.clear()
+            if self.outcomes.qsize() >= len(self.in_flight):
+                return
+            self.wake_event.wait(remaining)
 
     def _take_outcomes(self) -> None:
         """Move finished jobs from in flight to pending: their slots are free again, and
@@ -248,8 +297,11 @@ class Worker:
 
     # -- recording ------------------------------------------------------------------------
 
-    def _record(self, cur: Any, outcomes: list[Outcome]) -> set[int]:
-        """Write outcomes (fenced); returns the ids whose outcome was recorded."""
+    @staticmethod
+    def _split(
+        outcomes: list[Outcome],
+    ) -> tuple[list[tuple[int, int, str | None]], list[store.Failure]]:
+        """Successes and failures to write; a lost job's outcome is not written at all."""
         successes = [
             (o.ctx.id, o.ctx.attempt, o.result_json) for o in outcomes if o.ok and not o.ctx.lost
         ]
@@ -258,6 +310,11 @@ class Worker:
             for o in outcomes
             if not o.ok and not o.ctx.lost
         ]
+        return successes, failures
+
+    def _record(self, cur: Any, outcomes: list[Outcome]) -> set[int]:
+        """Write outcomes (fenced); returns the ids whose outcome was recorded."""
+        successes, failures = self._split(outcomes)
         recorded: set[int] = set()
         if successes:
             recorded |= store.complete_many(cur, worker=self.id, results=successes)

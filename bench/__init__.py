@@ -1,0 +1,1 @@
+"""pgqueue's benchmarks. Installed as a Django app by bench.settings, for its tasks."""

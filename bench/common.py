@@ -1,0 +1,146 @@
+"""Shared plumbing: a database of the benchmarks' own, the machine, medians, pgbench."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DB = "pgqueue_bench"
+
+
+def bench_url(base_url: str, dbname: str = BENCH_DB) -> str:
+    parts = urlsplit(base_url)
+    return urlunsplit(parts._replace(path="/" + dbname))
+
+
+def setup_database() -> str:
+    """Create (afresh) the benchmarks' own database next to DATABASE_URL's, migrate it and
+    set up Django on it. Returns its URL. The demo's or the user's data is never touched."""
+    import psycopg
+
+    base = os.environ.get("DATABASE_URL")
+    if not base:
+        sys.exit("DATABASE_URL is not set: run through `make bench` or scripts/with_db.py")
+    url = bench_url(base)
+    from psycopg import sql
+
+    name = sql.Identifier(BENCH_DB)
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
+    os.environ["DATABASE_URL"] = url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return url
+
+
+def machine() -> str:
+    import psycopg
+
+    with psycopg.connect(os.environ["DATABASE_URL"]) as conn:
+        version = conn.execute("SHOW server_version").fetchone()[0]
+        sync = conn.execute("SHOW synchronous_commit").fetchone()[0]
+        fsync = conn.execute("SHOW fsync").fetchone()[0]
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {mem_gib:.0f} GiB, {platform.system()} "
+        f"{platform.release()}; Python {platform.python_version()}; PostgreSQL {version} "
+        f"on the same machine (fsync={fsync}, synchronous_commit={sync})"
+    )
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def pgbench_binary() -> str | None:
+    """pgbench from the embedded server's binaries if present, else from PATH."""
+    try:
+        import pgserver  # noqa: F401
+        from pgserver._commands import POSTGRES_BIN_PATH
+
+        candidate = Path(POSTGRES_BIN_PATH) / "pgbench"
+        if candidate.exists():
+            return str(candidate)
+    except Exception:  # the dev extra is optional for a user's own server
+        pass
+    return shutil.which("pgbench")
+
+
+def commit_ceiling(clients: int, seconds: float = 5.0) -> float | None:
+    """Transactions/s of one tiny UPDATE per transaction, measured with pgbench.
+
+    Each client updates rows of a 1,000-row table chosen at random, so clients rarely
+    wait on one another: what is measured is how many commits (WAL flushes) the server
+    does per second at this client count, the bound any queue that commits per job meets.
+    """
+    import psycopg
+
+    binary = pgbench_binary()
+    if binary is None:
+        return None
+    url = os.environ["DATABASE_URL"]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS bench_tiny (id int PRIMARY KEY, v bigint NOT NULL)"
+        )
+        conn.execute(
+            "INSERT INTO bench_tiny SELECT g, 0 FROM generate_series(1, 1000) g "
+            "ON CONFLICT DO NOTHING"
+        )
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
+        script.write("\\set id random(1, 1000)\nUPDATE bench_tiny SET v = v + 1 WHERE id = :id;\n")
+    try:
+        out = subprocess.run(
+            [
+                binary,
+                "-n",
+                "-f",
+                script.name,
+                "-c",
+                str(clients),
+                "-j",
+                str(clients),
+                "-T",
+                str(int(seconds)),
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    finally:
+        os.unlink(script.name)
+    match = re.search(r"tps = ([\d.]+)", out)
+    return float(match.group(1)) if match else None
+
+
+def worker_env(**pgqueue: Any) -> dict[str, str]:
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="bench.settings")
+    for key, value in pgqueue.items():
+        env[f"PGQUEUE_{key}"] = str(value)
+    return env
