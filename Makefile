@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test lint format check-migrations clean
+.PHONY: help venv test lint format bench clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -22,6 +22,9 @@ venv: $(BIN)/.installed ## Create the virtual environment (.venv/pyX.Y) and inst
 
 test: venv ## Run the whole test suite (starts an embedded PostgreSQL unless DATABASE_URL is set)
 	$(BIN)/python scripts/with_db.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: venv ## Run the throughput benchmark on a database of its own (embedded PostgreSQL unless DATABASE_URL is set)
+	$(BIN)/python scripts/with_db.py -- $(BIN)/python bench/throughput.py $(BENCH_ARGS)
 
 lint: venv ## ruff check and format check
 	$(BIN)/ruff check .

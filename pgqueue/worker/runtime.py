@@ -117,7 +117,16 @@ class Worker:
         self.wake_event.set()
 
     def request_stop(self) -> None:
-        """Stop claiming, finish the jobs in hand, record them and exit (signal-safe)."""
+        """Stop claiming, finish the jobs in hand, record them and exit.
+
+        Safe in a signal handler: the handler runs on the loop's own thread, between any two
+        bytecodes, possibly while that thread holds an Event's internal lock (inside
+        ``wake_event.clear()``, say). Setting an Event from the handler could then wait on
+        a lock its own thread holds, forever; a short-lived thread sets them instead.
+        """
+        threading.Thread(target=self._stop_now, name="pgqueue-stop", daemon=True).start()
+
+    def _stop_now(self) -> None:
         self.stopping.set()
         self.wake_event.set()
 

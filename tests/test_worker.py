@@ -1,0 +1,780 @@
+"""The worker runtime end to end: ``manage.py runworker`` as a real subprocess.
+
+Each worker runs as ``python manage.py runworker ...`` with DJANGO_SETTINGS_MODULE
+``tests.worker_settings`` and DATABASE_URL pointing at the test database pytest-django
+created, so every test is transactional: the worker only sees committed rows. Timings
+(lease, backoff, maintenance, polling) go to the worker as ``PGQUEUE_<NAME>`` variables.
+
+Nothing here sleeps to synchronise: tests wait for a state of the database (or of a file
+a task touches, or of the worker's log) by polling every 50 ms up to a bound, and fail
+with what they were waiting for. Tasks talk to the test through files (see the worker
+tasks in ``tests/taskapp/tasks.py``). Each worker's output goes to a file under the
+test's ``tmp_path`` and is printed at teardown, so a failing test shows it; teardown
+SIGKILLs whatever is still running (the whole process group, children included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote, urlencode
+
+import pytest
+from django.db import connection
+
+import pgqueue
+from pgqueue import store
+from pgqueue.models import Job, JobAttempt
+from pgqueue.models import Worker as WorkerRow
+from pgqueue.worker import Worker
+from tests.taskapp.tasks import GATES
+
+REPO = Path(__file__).resolve().parent.parent
+POLL = 0.05  # seconds between two looks at the database while waiting
+STARTUP = 20.0  # bound on a worker process starting and registering
+
+T = TypeVar("T")
+
+
+# -- waiting --------------------------------------------------------------------------------
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str) -> T:
+    """Poll ``predicate`` every 50 ms until it returns something truthy, and return that.
+
+    Fails the test with ``what`` when ``timeout`` seconds pass first.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}", pytrace=False)
+        time.sleep(POLL)
+
+
+# -- the worker subprocess ------------------------------------------------------------------
+
+
+def database_url() -> str:
+    """A DATABASE_URL (as demo_project/dburl.py reads it) for the test database."""
+    s = connection.settings_dict
+    user, password = quote(s["USER"] or "", safe=""), quote(s["PASSWORD"] or "", safe="")
+    auth = f"{user}:{password}@" if user or password else ""
+    host = s["HOST"] or ""
+    port = f":{s['PORT']}" if s["PORT"] else ""
+    query = {k: str(v) for k, v in (s.get("OPTIONS") or {}).items()}
+    if host.startswith("/"):  # a Unix socket directory: libpq's ?host= form
+        query["host"] = host
+        host = ""
+    elif ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    url = f"postgresql://{auth}{host}{port}/{quote(s['NAME'], safe='')}"
+    return f"{url}?{urlencode(query)}" if query else url
+
+
+@dataclass
+class WorkerProcess:
+    """One ``runworker`` subprocess (the leader of its own process group)."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def send(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def wait_exit(self, timeout: float) -> int:
+        """The exit status; fails the test if the process is still running after ``timeout``."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{self.name} (pid {self.pid}) still running after {timeout}s")
+
+    def registered(self, timeout: float = STARTUP) -> str:
+        """Wait for this process's pgqueue_worker row; returns the worker id."""
+        row = wait_for(
+            lambda: WorkerRow.objects.filter(pid=self.pid, stopped_at__isnull=True).first(),
+            timeout,
+            f"{self.name} (pid {self.pid}) to register in pgqueue_worker",
+        )
+        return row.id
+
+    def dump_stacks(self) -> None:
+        """If still running, have the process log every thread's stack (SIGUSR1)."""
+        if self.proc.poll() is not None:
+            return
+        size = self.log_path.stat().st_size
+        self.send(signal.SIGUSR1)  # tests/worker_settings.py registers faulthandler on it
+        deadline = time.monotonic() + 2
+        while b"most recent call first" not in self.log_path.read_bytes()[size:]:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(POLL)
+
+    def kill_group(self) -> None:
+        """SIGKILL the process and any children it started, and reap it."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+StartWorker = Callable[..., WorkerProcess]
+
+
+@pytest.fixture
+def workers(transactional_db: None, tmp_path: Path) -> Iterator[StartWorker]:
+    """``start(*runworker_args, settings={NAME: value}, name=...)`` starts a worker.
+
+    ``settings`` become PGQUEUE_<NAME>=<JSON> (the test process's own PGQUEUE_* variables
+    are not passed on). At teardown every worker started is killed, before the test
+    database is flushed, and its log is printed.
+    """
+    started: list[WorkerProcess] = []
+    url = database_url()
+
+    def start(
+        *args: str, settings: dict[str, Any] | None = None, name: str | None = None
+    ) -> WorkerProcess:
+        name = name or f"worker{len(started) + 1}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+        env.update(
+            DJANGO_SETTINGS_MODULE="tests.worker_settings",
+            DATABASE_URL=url,
+            PYTHONUNBUFFERED="1",
+        )
+        for key, value in (settings or {}).items():
+            env[f"PGQUEUE_{key}"] = json.dumps(value)
+        log_path = tmp_path / f"{name}.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "manage.py", "runworker", *args],
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: teardown kills children too
+            )
+        worker = WorkerProcess(name, proc, log_path)
+        started.append(worker)
+        return worker
+
+    yield start
+
+    for worker in started:
+        worker.dump_stacks()
+        worker.kill_group()
+    for worker in started:
+        print(f"----- {worker.name}: pid {worker.pid}, exit status {worker.proc.returncode}")
+        print("(a process still running at teardown logged its threads' stacks at the end)")
+        print(worker.log())
+
+
+# -- looking at the database ----------------------------------------------------------------
+
+
+def status(job_id: int) -> str:
+    return Job.objects.values_list("status", flat=True).get(pk=job_id)
+
+
+def history(job_id: int) -> list[tuple[int, str, str]]:
+    """The job's attempt rows as ``(attempt, outcome, worker)``, oldest first."""
+    return list(
+        JobAttempt.objects.filter(job_id=job_id)
+        .order_by("id")
+        .values_list("attempt", "outcome", "worker")
+    )
+
+
+def count_done(ids: list[int]) -> int:
+    return Job.objects.filter(id__in=ids, status="done").count()
+
+
+def backends(kind: str, worker_id: str | None = None) -> list[tuple[int, str, str]]:
+    """``(pid, state, query)`` of this database's pgqueue ``kind`` ("worker" or "listener")
+    connections, of one worker when ``worker_id`` is given."""
+    if worker_id is None:
+        condition, param = "application_name LIKE %s", f"pgqueue {kind} %"
+    else:  # the worker sets application_name to this, cut to PostgreSQL's 63 bytes
+        condition, param = "application_name = %s", f"pgqueue {kind} {worker_id}"[:63]
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pid, state, query FROM pg_stat_activity"
+            f" WHERE datname = current_database() AND pid <> pg_backend_pid() AND {condition}",
+            [param],
+        )
+        return cur.fetchall()
+
+
+def listening(worker_id: str) -> bool:
+    """True once the worker's listener connection sits idle after its LISTEN."""
+    return any(
+        state == "idle" and query.startswith("LISTEN")
+        for _, state, query in backends("listener", worker_id)
+    )
+
+
+def terminate_worker_backends() -> list[int]:
+    """pg_terminate_backend every pgqueue worker and listener connection of this database."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND (application_name LIKE %s OR application_name LIKE %s)",
+            ["pgqueue worker %", "pgqueue listener %"],
+        )
+        return [pid for pid, terminated in cur.fetchall() if terminated]
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with contextlib.suppress(OSError):  # a zombie nobody reaped is gone too
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    return False
+
+
+def live_children(parent: WorkerProcess, exclude: Collection[int] = ()) -> dict[str, int]:
+    """``{worker id: pid}`` of running, registered workers other than ``parent`` itself."""
+    rows = WorkerRow.objects.filter(stopped_at__isnull=True).exclude(pid=parent.pid)
+    return {
+        worker_id: pid
+        for worker_id, pid in rows.values_list("id", "pid")
+        if pid not in exclude and not process_gone(pid)
+    }
+
+
+# -- 1. LISTEN/NOTIFY -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_notification_wakes_an_idle_worker(workers: StartWorker) -> None:
+    """An enqueue's NOTIFY wakes a sleeping worker at once, not its next poll.
+
+    The worker polls every 30 s and runs maintenance every 30 s, and its heartbeat is
+    every 40 s (lease 120 s): nothing but the notification can wake it within seconds.
+    A first job is run to the end so that the loop is back in its long sleep (the
+    listener's wake-up on connecting is spent) before the measured enqueue. The job must
+    start within 2 s of its enqueue, measured between the database's own timestamps
+    (created_at → started_at).
+    """
+    w = workers(settings={"POLL_SECONDS": 30, "MAINTENANCE_SECONDS": 30, "LEASE_SECONDS": 120})
+    worker_id = w.registered()
+    wait_for(lambda: listening(worker_id), STARTUP, "the worker's listener to LISTEN")
+
+    warm_up, _ = pgqueue.enqueue("test.noop", tenant="acme")
+    wait_for(lambda: status(warm_up.id) == "done", 10, "the warm-up job to be done")
+
+    job, _ = pgqueue.enqueue("test.noop", tenant="acme")
+    wait_for(
+        lambda: status(job.id) == "done",
+        10,
+        "the job to be done (only a notification can wake the worker this soon)",
+    )
+    row = Job.objects.get(pk=job.id)
+    latency = (row.started_at - row.created_at).total_seconds()
+    assert latency < 2.0, f"the job started {latency:.2f}s after its enqueue"
+    assert history(job.id) == [(1, "done", worker_id)]
+
+
+# -- 2. a killed worker ---------------------------------------------------------------------
+
+#: Timings for tests of lease recovery: short lease, quick maintenance, tiny backoff.
+FAST_RECOVERY = {"LEASE_SECONDS": 2, "MAINTENANCE_SECONDS": 0.2, "BACKOFF_BASE": 0.05}
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_job_of_a_worker_killed_mid_job_is_recovered_by_another(
+    workers: StartWorker, tmp_path: Path
+) -> None:
+    """A job whose worker is SIGKILLed while running it is run again, by another worker.
+
+    Worker A runs a job that blocks; A is killed with SIGKILL (no cleanup at all). Its
+    lease runs out, worker B's maintenance reaps it (a lease_expired row for A's attempt)
+    and B runs it to the end: done, attempts 2, the result from B's attempt.
+    """
+    release, started = tmp_path / "release", tmp_path / "started"
+    job, _ = pgqueue.enqueue(
+        "test.block", {"release": str(release), "started": str(started)}, tenant="acme"
+    )
+    a = workers("--concurrency", "1", settings=FAST_RECOVERY, name="A")
+    a_id = a.registered()
+    wait_for(lambda: Path(f"{started}.1").exists(), STARTUP, "the handler to start under A")
+    assert Job.objects.filter(pk=job.id, status="running", lease_owner=a_id, attempts=1).exists()
+
+    a.send(signal.SIGKILL)
+    assert a.wait_exit(10) == -signal.SIGKILL
+    release.touch()  # from now on the task returns at once
+    b = workers("--concurrency", "1", settings=FAST_RECOVERY, name="B")
+    b_id = b.registered()
+
+    wait_for(lambda: status(job.id) == "done", 20, "B to recover and finish the job")
+    row = Job.objects.get(pk=job.id)
+    assert (row.attempts, row.lease_owner, row.result) == (2, b_id, {"attempt": 2, "worker": b_id})
+    assert history(job.id) == [(1, "lease_expired", a_id), (2, "done", b_id)]
+
+
+# -- 3. retries -----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_failing_job_is_retried_until_it_succeeds(workers: StartWorker) -> None:
+    """A job that fails twice is retried (backoff, promotion, new claim) and then succeeds.
+
+    Proves the whole retry loop through a real worker: each failure is recorded with its
+    error, the job waits out its backoff in 'scheduled', maintenance promotes it, it is
+    claimed again with the next attempt number, and the third attempt's result is kept.
+    """
+    job, _ = pgqueue.enqueue("test.fail_until", {"succeed_on": 3}, tenant="acme", max_attempts=5)
+    w = workers(settings={"BACKOFF_BASE": 0.05, "MAINTENANCE_SECONDS": 0.1})
+    worker_id = w.registered()
+
+    wait_for(lambda: status(job.id) == "done", 20, "the job to succeed on its third attempt")
+    row = Job.objects.get(pk=job.id)
+    assert (row.attempts, row.result) == (3, {"attempt": 3})
+    assert history(job.id) == [
+        (1, "failed", worker_id),
+        (2, "failed", worker_id),
+        (3, "done", worker_id),
+    ]
+    errors = list(
+        JobAttempt.objects.filter(job_id=job.id, outcome="failed")
+        .order_by("attempt")
+        .values_list("error", flat=True)
+    )
+    assert errors == [
+        "RuntimeError: failing on purpose on attempt 1",
+        "RuntimeError: failing on purpose on attempt 2",
+    ]
+
+
+# -- 4. stopping ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sigterm_finishes_the_job_in_hand_and_exits_0(workers: StartWorker, tmp_path: Path) -> None:
+    """SIGTERM: stop claiming, finish the job in hand, record it, deregister, exit 0.
+
+    The job blocks until the test creates its release file, which it does only after
+    sending SIGTERM: the job was certainly in progress when the signal came. Jobs
+    enqueued meanwhile are never claimed (they stay queued with attempts 0) although a
+    slot frees up when the job ends, and the worker row is marked stopped.
+    """
+    release, started = tmp_path / "release", tmp_path / "started"
+    job, _ = pgqueue.enqueue(
+        "test.block", {"release": str(release), "started": str(started)}, tenant="acme"
+    )
+    w = workers("--concurrency", "1")
+    worker_id = w.registered()
+    wait_for(lambda: Path(f"{started}.1").exists(), STARTUP, "the handler to start")
+    others = pgqueue.enqueue_many("test.noop", [1, 2, 3], tenant="acme")
+
+    w.send(signal.SIGTERM)
+    release.touch()
+    assert w.wait_exit(15) == 0
+
+    row = Job.objects.get(pk=job.id)
+    assert (row.status, row.attempts, row.result) == (
+        "done",
+        1,
+        {"attempt": 1, "worker": worker_id},
+    )
+    assert history(job.id) == [(1, "done", worker_id)]
+    assert (
+        list(Job.objects.filter(id__in=others).values_list("status", "attempts"))
+        == [("queued", 0)] * 3
+    )
+    assert not JobAttempt.objects.filter(job_id__in=others).exists()
+    assert WorkerRow.objects.get(pk=worker_id).stopped_at is not None
+    assert "event=worker_stopped" in w.log()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_second_sigterm_exits_at_once_with_status_1(workers: StartWorker, tmp_path: Path) -> None:
+    """A second SIGTERM exits immediately with status 1, leaving the job to its lease.
+
+    The job blocks (for up to 30 s) and is never released, so a graceful stop could not
+    end before then: an exit within seconds can only be the second signal's os._exit(1).
+    The job is left running under the worker's lease (recovered later as in the SIGKILL
+    test) and nothing was recorded or deregistered.
+
+    Two signals that arrive before Python runs the handler of the first are handled once,
+    so SIGTERM is re-sent every 50 ms until the process exits.
+    """
+    release, started = tmp_path / "release", tmp_path / "started"
+    job, _ = pgqueue.enqueue(
+        "test.block", {"release": str(release), "started": str(started)}, tenant="acme"
+    )
+    w = workers("--concurrency", "1")
+    worker_id = w.registered()
+    wait_for(lambda: Path(f"{started}.1").exists(), STARTUP, "the handler to start")
+
+    first_signal = time.monotonic()
+    w.send(signal.SIGTERM)
+
+    def exited() -> bool:
+        w.send(signal.SIGTERM)  # a no-op once the process has exited
+        return w.proc.poll() is not None
+
+    wait_for(exited, 5, "the worker to exit on a second SIGTERM")
+    assert w.proc.returncode == 1
+    assert time.monotonic() - first_signal < 5
+
+    row = Job.objects.get(pk=job.id)
+    assert (row.status, row.lease_owner, row.attempts) == ("running", worker_id, 1)
+    assert row.lease_expires_at is not None and row.result is None
+    assert history(job.id) == []
+    assert WorkerRow.objects.get(pk=worker_id).stopped_at is None
+    assert "event=worker_stopped" not in w.log()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stop_releases_claimed_but_unstarted_jobs() -> None:
+    """On stop, a job claimed but not started is given back at once, keeping its place.
+
+    In-process, with the Worker's own methods: one executor thread, two jobs claimed; the
+    first blocks on an event, so the second waits in the executor, unstarted. After
+    request_stop(), _release_unstarted() must put the second back to queued with the
+    attempt not counted and its old vtime (no lease to wait out, no lost place in the
+    line); _shutdown() then waits for the first and records it done.
+    """
+    gate = threading.Event()
+    GATES["release-unstarted"] = gate
+    first, _ = pgqueue.enqueue("test.gate", {"gate": "release-unstarted"}, tenant="acme", queue="q")
+    second, _ = pgqueue.enqueue("test.noop", {}, tenant="acme", queue="q")
+    vtime = Job.objects.get(pk=second.id).vtime
+
+    worker = Worker(queues=["q"], concurrency=1)
+    try:
+        worker._connect_until_up()
+        assert worker.db is not None
+        with worker.db.cursor() as cur:
+            claimed = store.claim(
+                cur, worker=worker.id, queues=worker.queues, limit=2, lease_seconds=worker.lease
+            )
+        assert [c.id for c in claimed] == [first.id, second.id]
+        worker._dispatch(claimed)
+        wait_for(lambda: worker.in_flight[first.id].started, 5, "the first job to start")
+        assert not worker.in_flight[second.id].started
+        assert status(second.id) == "running"  # claimed: the database says it is ours
+
+        worker.request_stop()
+        worker._release_unstarted()
+
+        row = Job.objects.get(pk=second.id)
+        assert (row.status, row.attempts, row.vtime) == ("queued", 0, vtime)
+        assert (row.lease_owner, row.lease_expires_at, row.started_at) == (None, None, None)
+        assert second.id not in worker.in_flight
+        assert status(first.id) == "running"
+    finally:
+        gate.set()
+        worker._shutdown()
+        del GATES["release-unstarted"]
+
+    row = Job.objects.get(pk=first.id)
+    assert (row.status, row.attempts, row.result) == ("done", 1, {"gate": "release-unstarted"})
+    assert history(first.id) == [(1, "done", worker.id)]
+    assert history(second.id) == []
+    assert status(second.id) == "queued"
+    assert WorkerRow.objects.get(pk=worker.id).stopped_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_request_stop_is_safe_in_a_signal_handler() -> None:
+    """request_stop() (documented signal-safe) works from a handler that interrupted the loop.
+
+    runworker's SIGTERM handler calls request_stop(), and Python runs a signal handler in
+    the main thread between two bytecodes, wherever the loop happens to be, e.g. inside
+    wake_event.clear() or wake_event.wait(), which hold the Event's internal lock. Here the
+    signal is made to arrive exactly there: SIGUSR1 is left pending for this thread while
+    blocked, and unblocked while holding wake_event's lock. A handler that needs that lock
+    again waits for itself forever; an alarm after 2 s turns that into a failure.
+    """
+    worker = Worker(queues=["q"], concurrency=1)
+
+    def on_alarm(signum: int, frame: object) -> None:
+        raise TimeoutError("the signal handler is stuck")
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGALRM)}
+    signal.signal(signal.SIGUSR1, lambda signum, frame: worker.request_stop())
+    signal.signal(signal.SIGALRM, on_alarm)
+    stuck = False
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # pending until unblocked
+        signal.setitimer(signal.ITIMER_REAL, 2.0)
+        try:
+            with worker.wake_event._cond:  # as in the loop's wake_event.clear() / .wait()
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        except TimeoutError:
+            stuck = True
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        worker.executor.shutdown()
+    assert not stuck, (
+        "request_stop() deadlocked: called from a signal handler that interrupted the loop "
+        "inside wake_event.clear()/wait(), it waits for the Event lock its own thread holds"
+    )
+    assert worker.stopping.wait(5), "request_stop() did not stop the worker"
+
+
+# -- 5. lost connections --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_connections_dropped_while_jobs_flow_lose_no_job(workers: StartWorker) -> None:
+    """Killing the worker's PostgreSQL connections mid-flow loses nothing, duplicates nothing.
+
+    300 short jobs, 4 handler threads; three times, while jobs are being done, every
+    worker and listener backend is terminated from the server side. The worker must
+    reconnect each time (new backends) and every job must end done with exactly one
+    'done' attempt row. A job may run more than once only through lease recovery
+    (a claim whose commit succeeded but whose answer was lost): its history is then
+    'lease_expired' for every earlier attempt, never a second 'done' or a silent rerun.
+    """
+    rng = random.Random(20240501)
+    ids = pgqueue.enqueue_many(
+        "test.sleep", [{"seconds": rng.uniform(0.005, 0.02)} for _ in range(300)], tenant="acme"
+    )
+    w = workers(
+        "--concurrency",
+        "4",
+        settings={"LEASE_SECONDS": 3, "MAINTENANCE_SECONDS": 0.2, "BACKOFF_BASE": 0.05},
+    )
+    worker_id = w.registered()
+    wait_for(lambda: listening(worker_id), STARTUP, "the worker's listener to LISTEN")
+
+    terminated: set[int] = set()
+    done_at_drop = []
+    for threshold in (30, 100, 170):
+        wait_for(lambda t=threshold: count_done(ids) >= t, 20, f"{threshold} jobs done")
+        pids = terminate_worker_backends()
+        assert pids, "no worker connection to terminate"
+        done_at_drop.append(count_done(ids))
+        terminated.update(pids)
+
+        def reconnected() -> bool:
+            return all(
+                any(pid not in terminated for pid, _, _ in backends(kind, worker_id))
+                for kind in ("worker", "listener")
+            )
+
+        wait_for(reconnected, 15, "the worker and its listener to reconnect")
+
+    wait_for(lambda: count_done(ids) == len(ids), 30, "every job to be done")
+    assert all(n < len(ids) for n in done_at_drop), f"jobs done at each drop: {done_at_drop}"
+    assert "event=db_error" in w.log()
+
+    attempts = dict(Job.objects.filter(id__in=ids).values_list("id", "attempts"))
+    rows: dict[int, list[tuple[int, str]]] = {job_id: [] for job_id in ids}
+    for job_id, attempt, outcome in (
+        JobAttempt.objects.filter(job_id__in=ids)
+        .order_by("job_id", "attempt", "id")
+        .values_list("job_id", "attempt", "outcome")
+    ):
+        rows[job_id].append((attempt, outcome))
+    not_done_once = {j: r for j, r in rows.items() if [o for _, o in r].count("done") != 1}
+    assert not not_done_once, f"jobs without exactly one 'done' row: {not_done_once}"
+    unexplained = {
+        j: r
+        for j, r in rows.items()
+        if attempts[j] > 1 and not any(o == "lease_expired" for _, o in r)
+    }
+    assert not unexplained, f"jobs run again without a lease_expired row: {unexplained}"
+    # Every attempt but the last ended by lease expiry; the last is the one done.
+    odd = {
+        j: r
+        for j, r in rows.items()
+        if r != [(n, "lease_expired") for n in range(1, attempts[j])] + [(attempts[j], "done")]
+    }
+    assert not odd, f"jobs with an unexpected history: {odd}"
+
+
+# -- 6. heartbeats and fencing --------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heartbeat_keeps_a_job_longer_than_its_lease(workers: StartWorker) -> None:
+    """Heartbeats renew the lease of a job that runs three times as long as the lease.
+
+    Lease 1 s (heartbeat every 1/3 s), maintenance reaping every 0.1 s, a job of 3 s: it
+    is never reaped and never run twice (attempts 1, no lease_expired row).
+    """
+    job, _ = pgqueue.enqueue("test.sleep", {"seconds": 3.0}, tenant="acme")
+    w = workers(settings={"LEASE_SECONDS": 1, "MAINTENANCE_SECONDS": 0.1, "BACKOFF_BASE": 0.05})
+    worker_id = w.registered()
+
+    wait_for(lambda: status(job.id) == "done", 20, "the 3 s job to be done")
+    row = Job.objects.get(pk=job.id)
+    assert (row.finished_at - row.started_at).total_seconds() >= 3.0
+    assert (row.attempts, row.result) == (1, {"attempt": 1})
+    assert history(job.id) == [(1, "done", worker_id)]
+    assert "event=lease_expired" not in w.log()
+    assert "event=lease_lost" not in w.log()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_result_of_a_fenced_out_handler_is_not_written(
+    workers: StartWorker, tmp_path: Path
+) -> None:
+    """A handler whose job was taken over has its result discarded, not written.
+
+    While the handler loops on job.heartbeat(), the test steals the job the way a
+    reclaim by another worker would (new owner 'thief', next attempt, a fresh lease long
+    enough that maintenance leaves it alone). The worker's heartbeat must find the lease
+    lost, the handler then returns {"finished": True}, and the row must still be the
+    thief's: running, attempt 2, result NULL, no attempt row written by the old owner.
+    """
+    started = tmp_path / "started"
+    job, _ = pgqueue.enqueue("test.until_lost", {"started": str(started)}, tenant="acme")
+    w = workers(settings={"LEASE_SECONDS": 5, "MAINTENANCE_SECONDS": 0.2})
+    worker_id = w.registered()
+    wait_for(lambda: Path(f"{started}.1").exists(), STARTUP, "the handler to start")
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE pgqueue_job SET lease_owner = 'thief', attempts = attempts + 1,"
+            " lease_expires_at = now() + interval '1 hour'"
+            " WHERE id = %s AND status = 'running' AND lease_owner = %s AND attempts = 1",
+            [job.id, worker_id],
+        )
+        assert cur.rowcount == 1
+
+    wait_for(lambda: "outcome=discarded" in w.log(), 15, "the worker to discard the outcome")
+    row = Job.objects.get(pk=job.id)
+    assert (row.lease_owner, row.status, row.attempts) == ("thief", "running", 2)
+    assert row.result is None and row.finished_at is None
+    assert history(job.id) == []
+    log = w.log()
+    assert f"job={job.id} attempt=1 event=lease_lost" in log
+    assert f"job={job.id} task=test.until_lost" in log and "reason=lease_lost" in log
+
+
+# -- 7. --burst and --max-jobs --------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_burst_exits_when_no_job_is_runnable(workers: StartWorker) -> None:
+    """--burst runs what is runnable and exits 0; a job scheduled for later does not hold it."""
+    runnable = pgqueue.enqueue_many("test.noop", [1, 2], tenant="acme")
+    delayed, _ = pgqueue.enqueue("test.noop", 3, tenant="acme", delay=3600)
+    w = workers("--burst")
+    assert w.wait_exit(STARTUP) == 0
+    assert count_done(runnable) == 2
+    row = Job.objects.get(pk=delayed.id)
+    assert (row.status, row.attempts) == ("scheduled", 0)
+    assert WorkerRow.objects.filter(pid=w.pid, stopped_at__isnull=False).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_max_jobs_exits_after_that_many_jobs(workers: StartWorker) -> None:
+    """--max-jobs 3 runs exactly 3 jobs and exits 0, though it has 4 slots and 5 jobs wait.
+
+    It claims no more than it may run: the other two are still queued with attempts 0.
+    """
+    ids = pgqueue.enqueue_many("test.noop", [1, 2, 3, 4, 5], tenant="acme")
+    w = workers("--max-jobs", "3", "--concurrency", "4")
+    assert w.wait_exit(STARTUP) == 0
+    statuses = dict(Job.objects.filter(id__in=ids).values_list("id", "status"))
+    assert [statuses[i] for i in ids] == ["done"] * 3 + ["queued"] * 2
+    assert list(Job.objects.filter(id__in=ids[3:]).values_list("attempts", flat=True)) == [0, 0]
+
+
+# -- 8. --processes -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_processes_run_jobs_in_children_and_stop_on_sigterm(workers: StartWorker) -> None:
+    """--processes 2 runs jobs in two child processes; SIGTERM to the parent stops all.
+
+    Each child is a worker of its own (its own pgqueue_worker row and pid) and both do
+    jobs. SIGTERM to the parent is forwarded: the children finish, deregister and exit,
+    then the parent exits 0 with no child left behind.
+    """
+    parent = workers("--processes", "2", "--concurrency", "1")
+    children = wait_for(
+        lambda: c if len(c := live_children(parent)) == 2 else None,
+        STARTUP,
+        "two child workers to register",
+    )
+    for worker_id in children:
+        wait_for(lambda i=worker_id: listening(i), STARTUP, f"{worker_id} to LISTEN")
+
+    ids = pgqueue.enqueue_many("test.sleep", [{"seconds": 0.2}] * 6, tenant="acme")
+    wait_for(lambda: count_done(ids) == len(ids), 20, "every job to be done")
+    doers = set(
+        JobAttempt.objects.filter(job_id__in=ids, outcome="done").values_list("worker", flat=True)
+    )
+    assert doers == set(children)
+    assert parent.pid not in children.values()
+
+    parent.send(signal.SIGTERM)
+    assert parent.wait_exit(15) == 0
+    assert all(process_gone(pid) for pid in children.values())
+    stopped = WorkerRow.objects.filter(id__in=children, stopped_at__isnull=False).count()
+    assert stopped == 2
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_processes_restart_a_child_killed_with_sigkill(workers: StartWorker) -> None:
+    """A child worker that dies (SIGKILL) is replaced by a new one; the parent keeps going.
+
+    After the kill a new child (a new pid) registers beside the survivor; SIGTERM then
+    still stops everything cleanly, the new child included, with status 0.
+    """
+    parent = workers("--processes", "2", "--concurrency", "1")
+    children = wait_for(
+        lambda: c if len(c := live_children(parent)) == 2 else None,
+        STARTUP,
+        "two child workers to register",
+    )
+    victim_id, victim_pid = sorted(children.items())[0]
+    os.kill(victim_pid, signal.SIGKILL)
+
+    replacement = wait_for(
+        lambda: live_children(parent, exclude=set(children.values())) or None,
+        STARTUP,
+        "a new child to replace the killed one",
+    )
+    assert len(replacement) == 1
+    assert len(live_children(parent)) == 2  # the survivor and the replacement
+    assert "event=child_died" in parent.log()
+
+    parent.send(signal.SIGTERM)
+    assert parent.wait_exit(15) == 0
+    for pid in [*children.values(), *replacement.values()]:
+        assert process_gone(pid), f"pid {pid} still running"
+    assert WorkerRow.objects.get(pk=victim_id).stopped_at is None  # killed: no clean exit
+    assert all(
+        WorkerRow.objects.get(pk=worker_id).stopped_at is not None
+        for worker_id in [*replacement, *(i for i in children if i != victim_id)]
+    )
