@@ -22,6 +22,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "pgqueue",
 ]
 
@@ -86,3 +87,7 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "logfmt"}},
     "loggers": {"pgqueue": {"handlers": ["console"], "level": "INFO"}},
 }
+
+# drf-spectacular generates /schema and /docs for pgqueue's API.
+REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
+SPECTACULAR_SETTINGS = {"TITLE": "pgqueue API", "VERSION": "1"}

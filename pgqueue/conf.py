@@ -46,6 +46,8 @@ DEFAULTS: dict[str, Any] = {
     "TASK_MODULES": ["tasks"],
     # Serve /metrics and /stats without credentials.
     "METRICS_PUBLIC": False,
+    # Per-key rate limit of the HTTP API, e.g. "100/s" or "5000/hour"; None: no limit.
+    "API_RATE_LIMIT": None,
 }
 
 

@@ -207,6 +207,10 @@ class JobAttempt(models.Model):
     class Meta:
         db_table = "pgqueue_job_attempt"
         ordering = ["job_id", "id"]
+        indexes = [
+            # Stats of the last minute (throughput, error rate, run time) read recent rows.
+            models.Index(fields=["finished_at"], name="pgqueue_attempt_finished"),
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=Q(outcome__in=Outcome.values), name="pgqueue_attempt_outcome_valid"
@@ -234,3 +238,44 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class ApiKey(models.Model):
+    """A credential for the HTTP API, bound to one tenant or (tenant NULL) to all of them.
+
+    Only a SHA-256 hash of the key is stored: keys are 256-bit random tokens, so a fast
+    hash is as safe as a slow one and costs nothing per request. The key itself is shown
+    once, when it is created; ``prefix`` identifies it afterwards (listing, revoking).
+    """
+
+    prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64)
+    tenant = models.ForeignKey(
+        Tenant,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        db_column="tenant",
+        related_name="api_keys",
+        help_text="The only tenant this key may act as; empty for an all-tenants key.",
+    )
+    name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "pgqueue_api_key"
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        scope = self.tenant_id or "all tenants"
+        return f"{self.prefix} ({scope})"
+
+    @property
+    def all_tenants(self) -> bool:
+        return self.tenant_id is None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None

@@ -1,0 +1,145 @@
+"""What the API returns (and, for the OpenAPI schema, what it accepts)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from ..models import Job, Status
+
+
+class ErrorSerializer(serializers.Serializer):
+    error = serializers.CharField(help_text="a short code, e.g. invalid, not_found, conflict")
+    detail = serializers.CharField(help_text="what went wrong, for a person")
+    fields = serializers.DictField(
+        child=serializers.CharField(), required=False, help_text="field → reason"
+    )
+
+
+class JobSerializer(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant_id")
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "task",
+            "tenant",
+            "queue",
+            "status",
+            "priority",
+            "payload",
+            "attempts",
+            "max_attempts",
+            "run_at",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "last_error",
+            "result",
+            "idempotency_key",
+        ]
+        read_only_fields = fields
+
+
+class AttemptSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField()
+    worker = serializers.CharField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField()
+    outcome = serializers.ChoiceField(["done", "failed", "lease_expired", "cancelled"])
+    error = serializers.CharField(allow_null=True)
+    traceback = serializers.CharField(allow_null=True)
+
+
+class JobDetailSerializer(JobSerializer):
+    history = AttemptSerializer(many=True, read_only=True, help_text="one entry per attempt")
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "history"]
+        read_only_fields = fields
+
+
+class JobListSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = JobSerializer(many=True)
+
+
+class EnqueueRequest(serializers.Serializer):
+    """Documents POST /jobs; the view validates through the service layer."""
+
+    FIELDS = {
+        "task",
+        "payload",
+        "tenant",
+        "queue",
+        "priority",
+        "idempotency_key",
+        "max_attempts",
+        "delay_seconds",
+        "run_at",
+    }
+    task = serializers.CharField()
+    payload = serializers.JSONField(required=False, help_text="any JSON; default {}")
+    tenant = serializers.CharField(required=False, help_text="[A-Za-z0-9_.-]{1,64}")
+    queue = serializers.CharField(required=False)
+    priority = serializers.IntegerField(required=False, min_value=-100, max_value=100)
+    idempotency_key = serializers.CharField(required=False, max_length=255)
+    max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=100)
+    delay_seconds = serializers.FloatField(required=False, min_value=0, max_value=31_536_000)
+    run_at = serializers.DateTimeField(required=False)
+
+
+class BatchRequest(serializers.Serializer):
+    FIELDS = {
+        "task",
+        "payloads",
+        "tenant",
+        "queue",
+        "priority",
+        "max_attempts",
+        "delay_seconds",
+        "run_at",
+    }
+    task = serializers.CharField()
+    payloads = serializers.ListField(child=serializers.JSONField(), min_length=1, max_length=1000)
+    tenant = serializers.CharField(required=False)
+    queue = serializers.CharField(required=False)
+    priority = serializers.IntegerField(required=False, min_value=-100, max_value=100)
+    max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=100)
+    delay_seconds = serializers.FloatField(required=False, min_value=0, max_value=31_536_000)
+    run_at = serializers.DateTimeField(required=False)
+
+
+class BatchResponse(serializers.Serializer):
+    ids = serializers.ListField(child=serializers.IntegerField())
+    count = serializers.IntegerField()
+
+
+class TenantSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    weight = serializers.FloatField()
+    queue_weights = serializers.DictField(child=serializers.FloatField())
+    backlog = serializers.IntegerField(help_text="queued + scheduled jobs")
+    running = serializers.IntegerField()
+    done = serializers.IntegerField()
+    dead = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+
+
+class WeightRequest(serializers.Serializer):
+    weight = serializers.FloatField(help_text="> 0")
+    queue = serializers.CharField(required=False, help_text="override in this queue only")
+
+
+class StatsSerializer(serializers.Serializer):
+    queues = serializers.DictField(
+        child=serializers.DictField(child=serializers.IntegerField()),
+        help_text=f"queue → status ({', '.join(Status.values)}) → count",
+    )
+    throughput_per_s_60s = serializers.FloatField()
+    error_rate_60s = serializers.FloatField()
+    mean_run_seconds_60s = serializers.FloatField(allow_null=True)
+    workers_alive = serializers.IntegerField()
+    dead = serializers.IntegerField()

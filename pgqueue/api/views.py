@@ -1,0 +1,398 @@
+"""The endpoints. Each one validates, checks the tenant scope and calls the service layer."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.db import connection
+from django.http import HttpResponse
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.parsers import JSONParser
+from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .. import reports, services
+from ..models import Job, Status
+from .auth import (
+    AllTenants,
+    ApiKeyAuthentication,
+    HasAccess,
+    KeyRateThrottle,
+    MetricsAccess,
+    Scope,
+    scope_of,
+)
+from .errors import ApiError, bad_field, exception_handler
+from .serializers import (
+    BatchRequest,
+    BatchResponse,
+    EnqueueRequest,
+    ErrorSerializer,
+    JobDetailSerializer,
+    JobListSerializer,
+    JobSerializer,
+    StatsSerializer,
+    TenantSerializer,
+    WeightRequest,
+)
+
+ERRORS = {code: ErrorSerializer for code in (400, 401, 403, 404, 409, 413, 415, 429)}
+MAX_LIMIT = 500
+DEFAULT_LIMIT = 50
+
+
+class PgQueueView(APIView):
+    """JSON in (anything else is 415), an API key or staff session required.
+
+    Everything is set on the view, so the project's REST_FRAMEWORK settings (which may
+    suit its own API) do not change pgqueue's behaviour.
+    """
+
+    parser_classes = [JSONParser]
+    renderer_classes = [JSONRenderer, BrowsableAPIRenderer]
+    authentication_classes = [ApiKeyAuthentication, SessionAuthentication]
+    permission_classes = [HasAccess]
+    throttle_classes = [KeyRateThrottle]
+    schema = AutoSchema()
+
+    def get_exception_handler(self) -> Any:
+        return exception_handler
+
+
+def _body(request: Request, allowed: set[str]) -> dict[str, Any]:
+    data = request.data
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid", "the body must be a JSON object")
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise bad_field(unknown[0], f"unknown field; accepted: {', '.join(sorted(allowed))}")
+    return data
+
+
+def _tenant_for(request: Request, scope: Scope, given: Any) -> str | None:
+    """The tenant a write acts as: a tenant key may only name its own tenant."""
+    if given is None:
+        return scope.tenant  # None: the default tenant
+    if not isinstance(given, str):
+        raise bad_field("tenant", "must be a string")
+    if not scope.allows(given):
+        raise ApiError(403, "forbidden", f"this API key cannot act as tenant {given!r}")
+    return given
+
+
+def _typed(data: dict[str, Any], field: str, kind: type | tuple[type, ...], what: str) -> Any:
+    value = data.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise bad_field(field, f"must be {what}")
+    return value
+
+
+def _schedule(data: dict[str, Any]) -> dict[str, Any]:
+    delay = data.get("delay_seconds")
+    run_at = data.get("run_at")
+    if delay is not None and run_at is not None:
+        raise bad_field("run_at", "give delay_seconds or run_at, not both")
+    if delay is not None:
+        if isinstance(delay, bool) or not isinstance(delay, int | float):
+            raise bad_field("delay_seconds", "must be a number of seconds")
+        if not 0 <= delay <= services.MAX_DELAY_SECONDS:
+            raise bad_field("delay_seconds", f"must be from 0 to {services.MAX_DELAY_SECONDS}")
+        return {"delay": delay}
+    if run_at is not None:
+        parsed = parse_datetime(run_at) if isinstance(run_at, str) else None
+        if parsed is None:
+            raise bad_field("run_at", "must be an ISO-8601 date and time")
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=dt.UTC)
+        return {"run_at": parsed}
+    return {}
+
+
+def _options(data: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "queue": _typed(data, "queue", str, "a string"),
+        "priority": _typed(data, "priority", int, "an integer from -100 to 100"),
+        "max_attempts": _typed(data, "max_attempts", int, "an integer from 1 to 100"),
+        **_schedule(data),
+    }
+
+
+def _task(data: dict[str, Any]) -> str:
+    task = data.get("task")
+    if task is None:
+        raise bad_field("task", "this field is required")
+    if not isinstance(task, str):
+        raise bad_field("task", "must be a string")
+    return task
+
+
+def _visible_job(request: Request, job_id: int) -> Job:
+    """The job, if it exists and the caller's scope may see it; else 404 (never 403, so
+    ids reveal nothing about other tenants' jobs)."""
+    scope = scope_of(request)
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None or not scope.allows(job.tenant_id):
+        raise ApiError(404, "not_found", f"job {job_id} does not exist")
+    return job
+
+
+class JobsView(PgQueueView):
+    @extend_schema(
+        summary="Enqueue a job",
+        operation_id="jobs_create",
+        request=EnqueueRequest,
+        responses={201: JobSerializer, 200: JobSerializer, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        data = _body(request, EnqueueRequest.FIELDS)
+        scope = scope_of(request)
+        key = _typed(data, "idempotency_key", str, "a string")
+        job, created = services.enqueue(
+            _task(data),
+            data.get("payload", {}),
+            tenant=_tenant_for(request, scope, data.get("tenant")),
+            idempotency_key=key,
+            **_options(data),
+        )
+        if not created:
+            job = Job.objects.get(pk=job.pk)
+            if not scope.allows(job.tenant_id):  # cannot happen: keys are per tenant
+                raise ApiError(404, "not_found", "no such job")
+        else:
+            job.refresh_from_db()
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if created else 200)
+
+    @extend_schema(
+        summary="List jobs, newest first",
+        operation_id="jobs_list",
+        parameters=[
+            OpenApiParameter("status", str, enum=Status.values),
+            OpenApiParameter("task", str),
+            OpenApiParameter("tenant", str),
+            OpenApiParameter("queue", str),
+            OpenApiParameter("created_after", dt.datetime, description="inclusive"),
+            OpenApiParameter("created_before", dt.datetime, description="inclusive"),
+            OpenApiParameter("limit", int, description=f"1..{MAX_LIMIT}, default 50"),
+            OpenApiParameter("offset", int),
+        ],
+        responses={200: JobListSerializer, **ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        params = request.query_params
+        jobs = Job.objects.all()
+        scope = scope_of(request)
+        if scope.tenant is not None:
+            jobs = jobs.filter(tenant_id=scope.tenant)
+        if "status" in params:
+            if params["status"] not in Status.values:
+                raise bad_field("status", f"must be one of {', '.join(Status.values)}")
+            jobs = jobs.filter(status=params["status"])
+        for name, column in (("task", "task"), ("tenant", "tenant_id"), ("queue", "queue")):
+            if name in params:
+                jobs = jobs.filter(**{column: params[name]})
+        for name, lookup in (("created_after", "gte"), ("created_before", "lte")):
+            if name in params:
+                moment = parse_datetime(params[name])
+                if moment is None:
+                    raise bad_field(name, "must be an ISO-8601 date and time")
+                if moment.tzinfo is None:
+                    moment = moment.replace(tzinfo=dt.UTC)
+                jobs = jobs.filter(**{f"created_at__{lookup}": moment})
+        limit = _int_param(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        offset = _int_param(params, "offset", 0, 0, None)
+        count = jobs.count()
+        page = list(jobs.order_by("-id")[offset : offset + limit])
+
+        def link(new_offset: int | None) -> str | None:
+            if new_offset is None:
+                return None
+            query = params.copy()
+            query["limit"], query["offset"] = str(limit), str(new_offset)
+            return request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+
+        return Response(
+            {
+                "count": count,
+                "next": link(offset + limit if offset + limit < count else None),
+                "previous": link(max(offset - limit, 0) if offset > 0 else None),
+                "results": JobSerializer(page, many=True).data,
+            }
+        )
+
+
+def _int_param(params: Any, name: str, default: int, low: int, high: int | None) -> int:
+    if name not in params:
+        return default
+    try:
+        value = int(params[name])
+    except ValueError:
+        raise bad_field(name, "must be an integer") from None
+    if value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise bad_field(name, f"must be {bound}")
+    return value
+
+
+class JobBatchView(PgQueueView):
+    @extend_schema(
+        summary="Enqueue up to 1,000 jobs of one task in one statement",
+        operation_id="jobs_batch_create",
+        request=BatchRequest,
+        responses={201: BatchResponse, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        data = _body(request, BatchRequest.FIELDS)
+        payloads = data.get("payloads")
+        if not isinstance(payloads, list):
+            raise bad_field("payloads", "must be a list of payloads")
+        if not 1 <= len(payloads) <= services.MAX_BATCH:
+            raise bad_field("payloads", f"must hold 1 to {services.MAX_BATCH} payloads")
+        ids = services.enqueue_many(
+            _task(data),
+            payloads,
+            tenant=_tenant_for(request, scope_of(request), data.get("tenant")),
+            **_options(data),
+        )
+        return Response({"ids": ids, "count": len(ids)}, status=status.HTTP_201_CREATED)
+
+
+class JobView(PgQueueView):
+    @extend_schema(
+        summary="A job with its attempt history",
+        operation_id="jobs_retrieve",
+        responses={200: JobDetailSerializer, **ERRORS},
+    )
+    def get(self, request: Request, job_id: int) -> Response:
+        return Response(JobDetailSerializer(_visible_job(request, job_id)).data)
+
+    @extend_schema(
+        summary="Cancel a scheduled or queued job (409 if running or finished)",
+        operation_id="jobs_cancel",
+        responses={200: JobSerializer, **ERRORS},
+    )
+    def delete(self, request: Request, job_id: int) -> Response:
+        _visible_job(request, job_id)
+        return Response(JobSerializer(services.cancel(job_id)).data)
+
+
+class JobRetryView(PgQueueView):
+    @extend_schema(
+        summary="Retry a dead or cancelled job (409 otherwise)",
+        operation_id="jobs_retry",
+        request=None,
+        responses={200: JobSerializer, **ERRORS},
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        _visible_job(request, job_id)
+        return Response(JobSerializer(services.retry(job_id)).data)
+
+
+class TenantsView(PgQueueView):
+    @extend_schema(
+        summary="Tenants with their weights and job counts",
+        operation_id="tenants_list",
+        responses={200: TenantSerializer(many=True), **ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        scope = scope_of(request)
+        names = None if scope.all_tenants else [scope.tenant]
+        return Response(TenantSerializer(reports.tenant_summaries(names), many=True).data)
+
+
+class TenantView(PgQueueView):
+    @extend_schema(
+        summary="One tenant",
+        operation_id="tenants_retrieve",
+        responses={200: TenantSerializer, **ERRORS},
+    )
+    def get(self, request: Request, name: str) -> Response:
+        if not scope_of(request).allows(name):
+            raise ApiError(404, "not_found", f"tenant {name!r} does not exist")
+        found = reports.tenant_summaries([name])
+        if not found:
+            raise ApiError(404, "not_found", f"tenant {name!r} does not exist")
+        return Response(TenantSerializer(found[0]).data)
+
+    @extend_schema(
+        summary="Set a tenant's weight (in every queue, or in one); creates the tenant",
+        operation_id="tenants_update",
+        request=WeightRequest,
+        responses={200: TenantSerializer, **ERRORS},
+    )
+    def put(self, request: Request, name: str) -> Response:
+        if not AllTenants().has_permission(request, self):
+            raise ApiError(403, "forbidden", "only an all-tenants API key or staff can set weights")
+        data = _body(request, {"weight", "queue"})
+        if "weight" not in data:
+            raise bad_field("weight", "this field is required")
+        services.set_tenant_weight(
+            name, data["weight"], queue=_typed(data, "queue", str, "a string")
+        )
+        return Response(TenantSerializer(reports.tenant_summaries([name])[0]).data)
+
+
+class StatsView(PgQueueView):
+    permission_classes = [MetricsAccess]
+
+    @extend_schema(
+        summary="Counts by queue and status, last minute's throughput and errors",
+        operation_id="stats_retrieve",
+        responses={200: StatsSerializer, **ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        return Response(reports.stats())
+
+
+class MetricsView(PgQueueView):
+    permission_classes = [MetricsAccess]
+
+    @extend_schema(
+        summary="Prometheus metrics (text exposition format)",
+        operation_id="metrics_retrieve",
+        responses={(200, "text/plain"): str},
+    )
+    def get(self, request: Request) -> HttpResponse:
+        from ..metrics import render
+
+        body, content_type = render()
+        return HttpResponse(body, content_type=content_type)
+
+
+class HealthView(APIView):
+    authentication_classes: list = []
+    permission_classes: list = []
+    renderer_classes = [JSONRenderer]
+    schema = AutoSchema()
+
+    @extend_schema(
+        summary="Liveness and database check (no credentials needed)",
+        operation_id="health_retrieve",
+        responses={
+            200: inline_serializer(
+                "Health", {"status": serializers.CharField(), "database": serializers.CharField()}
+            ),
+            503: inline_serializer(
+                "Unhealthy",
+                {"status": serializers.CharField(), "database": serializers.CharField()},
+            ),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        except Exception as exc:  # any failure to reach the database is the answer
+            return Response(
+                {"status": "unavailable", "database": f"error: {str(exc).strip()[:200]}"},
+                status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            )
+        return Response({"status": "ok", "database": "ok"})

@@ -1,0 +1,39 @@
+"""pgqueue's HTTP API. Mount it with ``path("", include("pgqueue.urls"))`` (or a prefix).
+
+Every path answers with and without a trailing slash.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.urls import URLPattern, re_path
+from drf_spectacular.views import SpectacularAPIView
+
+from .api import docs, views
+
+app_name = "pgqueue"
+
+
+def _path(pattern: str, view: Any, name: str) -> URLPattern:
+    return re_path(rf"^{pattern}/?$", view, name=name)
+
+
+urlpatterns = [
+    _path("jobs", views.JobsView.as_view(), "jobs"),
+    _path("jobs/batch", views.JobBatchView.as_view(), "jobs-batch"),
+    _path(r"jobs/(?P<job_id>[0-9]{1,18})", views.JobView.as_view(), "job"),
+    _path(r"jobs/(?P<job_id>[0-9]{1,18})/retry", views.JobRetryView.as_view(), "job-retry"),
+    _path("tenants", views.TenantsView.as_view(), "tenants"),
+    _path(r"tenants/(?P<name>[A-Za-z0-9_.\-]{1,64})", views.TenantView.as_view(), "tenant"),
+    _path("stats", views.StatsView.as_view(), "stats"),
+    _path("metrics", views.MetricsView.as_view(), "metrics"),
+    _path("health", views.HealthView.as_view(), "health"),
+    _path(
+        "schema",
+        SpectacularAPIView.as_view(custom_settings=docs.SCHEMA_SETTINGS),
+        "schema",
+    ),
+    _path("docs", docs.docs, "docs"),
+    re_path(r"^docs/assets/(?P<name>[A-Za-z0-9_.\-]+)$", docs.asset, name="docs-asset"),
+]
