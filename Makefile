@@ -4,9 +4,12 @@ PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])
 VENV ?= .venv/py$(PYVER)
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+PORT ?= 8000
+WORKER_PROCESSES ?= 2
+WORKER_CONCURRENCY ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test lint format bench clean
+.PHONY: help venv demo test lint format bench clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -19,6 +22,9 @@ $(BIN)/.installed: pyproject.toml
 	@touch $@
 
 venv: $(BIN)/.installed ## Create the virtual environment (.venv/pyX.Y) and install pgqueue with its dev tools
+
+demo: venv ## Start the demo: PostgreSQL (embedded unless DATABASE_URL is set), the API on PORT, a worker, the admin
+	$(BIN)/python scripts/demo.py --port $(PORT) --processes $(WORKER_PROCESSES) --concurrency $(WORKER_CONCURRENCY)
 
 test: venv ## Run the whole test suite (starts an embedded PostgreSQL unless DATABASE_URL is set)
 	$(BIN)/python scripts/with_db.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)

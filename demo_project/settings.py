@@ -24,10 +24,12 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "pgqueue",
+    "demo_project",  # for its tasks.py
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # the admin's static files under gunicorn
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -62,6 +64,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"
+STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", BASE_DIR / ".static"))
 
 # Every PGQUEUE setting can be given as PGQUEUE_<NAME> in the environment.
 PGQUEUE: dict = {}

@@ -1,0 +1,217 @@
+#!/usr/bin/env python
+"""Run the demo: PostgreSQL, migrations, an admin user and API key, the API and a worker.
+
+With DATABASE_URL unset, an embedded PostgreSQL (the ``pgserver`` package) keeps its data
+in ``.pgdata/`` of the checkout, so a second run finds the jobs, user and key of the first.
+Ctrl-C stops everything this started.
+
+    python scripts/demo.py [--port 8000] [--processes 2] [--concurrency 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str, env: dict[str, str], capture: bool = False) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        text=True,
+        stdout=subprocess.PIPE if capture else None,
+    )
+    return done.stdout or ""
+
+
+def setup(env: dict[str, str]) -> tuple[str | None, str | None]:
+    """Migrate; create the admin user and an API key on the first run. Returns what was
+    created (password, key), or None for what already existed."""
+    run("migrate", "--no-input", "-v", "0", env=env)
+    run("collectstatic", "--no-input", "-v", "0", env=env)
+    code = (
+        "from django.contrib.auth import get_user_model\n"
+        "import sys\n"
+        "User = get_user_model()\n"
+        "if User.objects.filter(username='admin').exists():\n"
+        "    sys.exit(0)\n"
+        "User.objects.create_superuser('admin', 'admin@example.com', sys.argv[1])\n"
+        "print('created')\n"
+    )
+    password = secrets.token_urlsafe(12)
+    created = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django, sys; django.setup(); exec(sys.stdin.read())",
+            password,
+        ],
+        input=code,
+        cwd=ROOT,
+        env=env,
+        check=True,
+        text=True,
+        stdout=subprocess.PIPE,
+    ).stdout.strip()
+    key = None
+    if created:
+        out = run(
+            "pgqueue_apikey", "create", "--all-tenants", "--name", "demo", env=env, capture=True
+        )
+        key = out.strip().splitlines()[-1]
+    return (password if created else None), key
+
+
+def wait_healthy(port: int, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            time.sleep(0.3)
+    return False
+
+
+def banner(port: int, password: str | None, key: str | None) -> str:
+    base = f"http://localhost:{port}"
+    key_text = key or "<the key printed on the first run>"
+    lines = [
+        "",
+        "pgqueue demo is running.",
+        "",
+    ]
+    if password:
+        lines += [f"  admin user:  admin / {password}   (shown once: note it)"]
+    else:
+        lines += [
+            "  admin user:  admin (password printed on the first run; reset it with",
+            "               python manage.py changepassword admin)",
+        ]
+    if key:
+        lines += [f"  API key:     {key}   (shown once: note it)"]
+    else:
+        lines += [
+            "  API key:     printed on the first run; make another with",
+            "               python manage.py pgqueue_apikey create --all-tenants",
+        ]
+    lines += [
+        "",
+        f"  admin:  {base}/admin/",
+        f"  docs:   {base}/docs",
+        "",
+        "Try:",
+        f"  export KEY={key_text}",
+        f'  curl -s -X POST {base}/jobs -H "Authorization: Bearer $KEY" '
+        "-H 'Content-Type: application/json' \\",
+        '       -d \'{"task": "word_count", "tenant": "acme", '
+        '"payload": {"text": "hello job queue"}}\'',
+        f'  curl -s {base}/jobs/1 -H "Authorization: Bearer $KEY"',
+        f'  curl -s {base}/metrics -H "Authorization: Bearer $KEY"',
+        "",
+        "Ctrl-C stops the API, the worker and PostgreSQL.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)))
+    parser.add_argument("--processes", type=int, default=2, help="worker processes")
+    parser.add_argument("--concurrency", type=int, default=4, help="threads per process")
+    parser.add_argument("--data", default=str(ROOT / ".pgdata"), help="embedded PG data")
+    args = parser.parse_args()
+
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="demo_project.settings", PYTHONUNBUFFERED="1")
+    server = None
+    if not env.get("DATABASE_URL"):
+        import pgserver
+
+        data = Path(args.data)
+        print(f"starting the embedded PostgreSQL in {data} ...", flush=True)
+        server = pgserver.get_server(data, cleanup_mode="stop")
+        env["DATABASE_URL"] = server.get_uri()
+    # The children run in sessions of their own: Ctrl-C reaches this process only, which
+    # then asks each of them once to stop (a second signal would make a worker drop its jobs).
+    children: list[subprocess.Popen] = []
+    try:
+        password, key = setup(env)
+        children.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gunicorn",
+                    "demo_project.wsgi",
+                    "--bind",
+                    f"0.0.0.0:{args.port}",
+                    "--workers",
+                    "2",
+                    "--access-logfile",
+                    "-",
+                    "--graceful-timeout",
+                    "10",
+                ],
+                cwd=ROOT,
+                env=env,
+            )
+        )
+        children.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "manage.py",
+                    "runworker",
+                    "--processes",
+                    str(args.processes),
+                    "--concurrency",
+                    str(args.concurrency),
+                ],
+                cwd=ROOT,
+                env=env,
+            )
+        )
+        if not wait_healthy(args.port):
+            print("the API did not become healthy; see the output above", file=sys.stderr)
+            return 1
+        print(banner(args.port, password, key), flush=True)
+        stop = {"requested": False}
+
+        def on_signal(signum: int, _frame: object) -> None:
+            stop["requested"] = True
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        while not stop["requested"] and all(c.poll() is None for c in children):
+            time.sleep(0.2)
+        return 0
+    finally:
+        print("stopping ...", flush=True)
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        if server is not None:
+            server.cleanup()
+        print("stopped.", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
