@@ -148,6 +148,8 @@ class Job(models.Model):
             models.Index(
                 fields=["run_at"], condition=Q(status="scheduled"), name="pgqueue_job_scheduled"
             ),
+            # Per-tenant counts and listings (the API's /tenants, tenant keys, the admin).
+            models.Index(fields=["tenant", "status"], name="pgqueue_job_tenant_status"),
             # JOB_REAP_EXPIRED: running jobs by lease expiry.
             models.Index(
                 fields=["lease_expires_at"],
@@ -190,6 +192,15 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.id} {self.task} ({self.status})"
+
+
+class Dashboard(Job):
+    """The operations dashboard's entry in the admin (no table of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"
 
 
 class JobAttempt(models.Model):

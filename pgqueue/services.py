@@ -129,13 +129,18 @@ def _run_at(run_at: Any, delay: Any) -> dt.datetime | None:
 def encode_payload(payload: Any, field_name: str = "payload") -> str:
     """The payload as JSON text, refusing what JSON (and jsonb) cannot hold."""
     try:
-        text = json.dumps(payload, allow_nan=False, separators=(",", ":"))
+        text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        data = text.encode()
+    except RecursionError:
+        raise InvalidJob(field_name, "is nested too deeply") from None
+    except UnicodeEncodeError:
+        raise InvalidJob(field_name, "contains an unpaired surrogate, which is not text") from None
     except (TypeError, ValueError) as exc:
         raise InvalidJob(field_name, f"is not JSON-serialisable: {exc}") from None
     if "\\u0000" in text:
         raise InvalidJob(field_name, "contains a NUL character, which PostgreSQL cannot store")
     limit = int(pgqueue_settings.MAX_PAYLOAD_BYTES)
-    size = len(text.encode())
+    size = len(data)
     if size > limit:
         raise PayloadTooLarge(size, limit)
     return text
@@ -159,10 +164,13 @@ def resolve_options(
         raise InvalidJob("task", "must be a task name or a @pgqueue.task function")
     s = pgqueue_settings
     if idempotency_key is not None and (
-        not isinstance(idempotency_key, str) or not 1 <= len(idempotency_key) <= IDEMPOTENCY_KEY_MAX
+        not isinstance(idempotency_key, str)
+        or not 1 <= len(idempotency_key) <= IDEMPOTENCY_KEY_MAX
+        or not _storable(idempotency_key)
     ):
         raise InvalidJob(
-            "idempotency_key", f"must be a string of 1 to {IDEMPOTENCY_KEY_MAX} characters"
+            "idempotency_key",
+            f"must be text of 1 to {IDEMPOTENCY_KEY_MAX} characters, without NUL",
         )
     return JobOptions(
         task=task.name,
@@ -175,6 +183,17 @@ def resolve_options(
         run_at=_run_at(run_at, delay),
         idempotency_key=idempotency_key,
     )
+
+
+def _storable(text: str) -> bool:
+    """Text PostgreSQL can store: no NUL, no unpaired surrogate."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _first(*values: Any) -> Any:
@@ -346,10 +365,11 @@ def retry_jobs(ids: Sequence[int], *, using: str = "default") -> BulkResult:
     """
 
     def change(cursor: Any, ids: list[int]) -> list[int]:
-        changed = store.retry_many(cursor, ids)
-        if changed:
-            store.promote_ids(cursor, changed)
-        return changed
+        retried = store.retry_many(cursor, ids)
+        due = [job_id for job_id, is_due in retried if is_due]
+        if due:
+            store.promote_ids(cursor, due)
+        return [job_id for job_id, _ in retried]
 
     return _bulk(ids, using, "retried", "dead or cancelled", change)
 
@@ -367,6 +387,7 @@ def run_jobs_now(ids: Sequence[int], *, using: str = "default") -> BulkResult:
 
 
 def _single(result: BulkResult, job_id: int, action: str, allowed: str, using: str) -> Job:
+    job_id = int(job_id)
     if job_id in result.missing:
         raise JobNotFound(f"job {job_id} does not exist")
     if job_id in result.skipped:

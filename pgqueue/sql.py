@@ -405,14 +405,15 @@ RETURNING id
 # -- name: JOB_RETRY_MANY
 # Send dead or cancelled jobs back: attempts start again from 0 (history is kept) and the
 # job waits in scheduled until its run_at; the caller then runs JOB_PROMOTE_IDS in the same
-# transaction for those already due, which gives them a fresh fair vtime. PK lookups.
+# transaction for those already due (the ``due`` column), which gives them a fresh fair
+# vtime. PK lookups.
 JOB_RETRY_MANY = """
 UPDATE pgqueue_job
    SET status = 'scheduled', attempts = 0, vtime = NULL, result = NULL,
        run_at = GREATEST(run_at, now()), lease_owner = NULL, lease_expires_at = NULL,
        finished_at = NULL
  WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('dead', 'cancelled')
-RETURNING id
+RETURNING id, run_at <= now() AS due
 """
 
 # -- name: JOB_RUN_NOW_MANY

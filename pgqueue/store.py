@@ -274,8 +274,10 @@ def cancel_many(cursor: Any, ids: Sequence[int]) -> list[int]:
     return _update_ids(cursor, sql.JOB_CANCEL_MANY, ids)
 
 
-def retry_many(cursor: Any, ids: Sequence[int]) -> list[int]:
-    return _update_ids(cursor, sql.JOB_RETRY_MANY, ids)
+def retry_many(cursor: Any, ids: Sequence[int]) -> list[tuple[int, bool]]:
+    """Send dead or cancelled jobs back (JOB_RETRY_MANY): ``(id, due now)`` of each."""
+    cursor.execute(sql.JOB_RETRY_MANY, {"ids": list(ids)})
+    return [(row[0], row[1]) for row in cursor.fetchall()]
 
 
 def run_now_many(cursor: Any, ids: Sequence[int]) -> list[int]:

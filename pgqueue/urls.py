@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.urls import URLPattern, re_path
-from drf_spectacular.views import SpectacularAPIView
 
 from .api import docs, views
 
@@ -31,7 +30,7 @@ urlpatterns = [
     _path("health", views.HealthView.as_view(), "health"),
     _path(
         "schema",
-        SpectacularAPIView.as_view(custom_settings=docs.SCHEMA_SETTINGS),
+        views.SchemaView.as_view(custom_settings=docs.SCHEMA_SETTINGS),
         "schema",
     ),
     _path("docs", docs.docs, "docs"),

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import drf_spectacular_sidecar
-from django.http import FileResponse, Http404, HttpResponse
+from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from django.urls import reverse
 from django.utils.html import escape
 
@@ -60,12 +60,35 @@ window.ui = SwaggerUIBundle({
 """
 
 
+def _safe_only(view: Any) -> Any:
+    """GET and HEAD only; anything else is a JSON 405 like the rest of the API."""
+
+    def wrapper(request: Any, *args: Any, **kwargs: Any) -> HttpResponse:
+        if request.method not in ("GET", "HEAD"):
+            response = JsonResponse(
+                {
+                    "error": "method_not_allowed",
+                    "detail": f'Method "{request.method}" not allowed.',
+                },
+                status=405,
+            )
+            response["Allow"] = "GET, HEAD"
+            return response
+        return view(request, *args, **kwargs)
+
+    wrapper.__name__ = view.__name__
+    wrapper.__doc__ = view.__doc__
+    return wrapper
+
+
+@_safe_only
 def docs(request: Any) -> HttpResponse:
     assets = reverse("pgqueue:docs-asset", args=["x"])[:-1]
     page = PAGE.format(assets=escape(assets), schema=escape(reverse("pgqueue:schema")))
     return HttpResponse(page, content_type="text/html; charset=utf-8")
 
 
+@_safe_only
 def asset(request: Any, name: str) -> HttpResponse:
     if name == "init.js":
         return HttpResponse(INIT, content_type="text/javascript; charset=utf-8")

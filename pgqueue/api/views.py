@@ -10,8 +10,10 @@ from django.http import HttpResponse
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework import serializers, status
 from rest_framework.authentication import SessionAuthentication
+from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
@@ -20,6 +22,7 @@ from rest_framework.views import APIView
 
 from .. import reports, services
 from ..models import Job, Status
+from ..registry import TASK_NAME_RE
 from .auth import (
     AllTenants,
     ApiKeyAuthentication,
@@ -46,6 +49,17 @@ from .serializers import (
 ERRORS = {code: ErrorSerializer for code in (400, 401, 403, 404, 409, 413, 415, 429)}
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
+MAX_OFFSET = 2**62
+
+
+class SafeJSONParser(JSONParser):
+    """JSON bodies; one nested too deeply for Python's parser is a 400, not a crash."""
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError("JSON parse error - the body is nested too deeply") from None
 
 
 class PgQueueView(APIView):
@@ -55,7 +69,7 @@ class PgQueueView(APIView):
     suit its own API) do not change pgqueue's behaviour.
     """
 
-    parser_classes = [JSONParser]
+    parser_classes = [SafeJSONParser]
     renderer_classes = [JSONRenderer, BrowsableAPIRenderer]
     authentication_classes = [ApiKeyAuthentication, SessionAuthentication]
     permission_classes = [HasAccess]
@@ -96,6 +110,17 @@ def _typed(data: dict[str, Any], field: str, kind: type | tuple[type, ...], what
     return value
 
 
+def _moment(value: Any, field: str) -> dt.datetime:
+    """An ISO-8601 date and time (naive means UTC), or a 400 naming the field."""
+    try:
+        parsed = parse_datetime(value) if isinstance(value, str) else None
+    except ValueError:  # well-formed but impossible, e.g. February 30th
+        parsed = None
+    if parsed is None:
+        raise bad_field(field, "must be an ISO-8601 date and time")
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
+
+
 def _schedule(data: dict[str, Any]) -> dict[str, Any]:
     delay = data.get("delay_seconds")
     run_at = data.get("run_at")
@@ -108,12 +133,7 @@ def _schedule(data: dict[str, Any]) -> dict[str, Any]:
             raise bad_field("delay_seconds", f"must be from 0 to {services.MAX_DELAY_SECONDS}")
         return {"delay": delay}
     if run_at is not None:
-        parsed = parse_datetime(run_at) if isinstance(run_at, str) else None
-        if parsed is None:
-            raise bad_field("run_at", "must be an ISO-8601 date and time")
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=dt.UTC)
-        return {"run_at": parsed}
+        return {"run_at": _moment(run_at, "run_at")}
     return {}
 
 
@@ -198,17 +218,15 @@ class JobsView(PgQueueView):
             jobs = jobs.filter(status=params["status"])
         for name, column in (("task", "task"), ("tenant", "tenant_id"), ("queue", "queue")):
             if name in params:
+                pattern = TASK_NAME_RE if name == "task" else services.NAME_RE
+                if not pattern.match(params[name]):
+                    raise bad_field(name, f"is not a valid {name} name")
                 jobs = jobs.filter(**{column: params[name]})
         for name, lookup in (("created_after", "gte"), ("created_before", "lte")):
             if name in params:
-                moment = parse_datetime(params[name])
-                if moment is None:
-                    raise bad_field(name, "must be an ISO-8601 date and time")
-                if moment.tzinfo is None:
-                    moment = moment.replace(tzinfo=dt.UTC)
-                jobs = jobs.filter(**{f"created_at__{lookup}": moment})
+                jobs = jobs.filter(**{f"created_at__{lookup}": _moment(params[name], name)})
         limit = _int_param(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
-        offset = _int_param(params, "offset", 0, 0, None)
+        offset = _int_param(params, "offset", 0, 0, MAX_OFFSET)
         count = jobs.count()
         page = list(jobs.order_by("-id")[offset : offset + limit])
 
@@ -271,17 +289,17 @@ class JobView(PgQueueView):
         operation_id="jobs_retrieve",
         responses={200: JobDetailSerializer, **ERRORS},
     )
-    def get(self, request: Request, job_id: int) -> Response:
-        return Response(JobDetailSerializer(_visible_job(request, job_id)).data)
+    def get(self, request: Request, job_id: str) -> Response:
+        return Response(JobDetailSerializer(_visible_job(request, int(job_id))).data)
 
     @extend_schema(
         summary="Cancel a scheduled or queued job (409 if running or finished)",
         operation_id="jobs_cancel",
         responses={200: JobSerializer, **ERRORS},
     )
-    def delete(self, request: Request, job_id: int) -> Response:
-        _visible_job(request, job_id)
-        return Response(JobSerializer(services.cancel(job_id)).data)
+    def delete(self, request: Request, job_id: str) -> Response:
+        job = _visible_job(request, int(job_id))
+        return Response(JobSerializer(services.cancel(job.id)).data)
 
 
 class JobRetryView(PgQueueView):
@@ -291,9 +309,9 @@ class JobRetryView(PgQueueView):
         request=None,
         responses={200: JobSerializer, **ERRORS},
     )
-    def post(self, request: Request, job_id: int) -> Response:
-        _visible_job(request, job_id)
-        return Response(JobSerializer(services.retry(job_id)).data)
+    def post(self, request: Request, job_id: str) -> Response:
+        job = _visible_job(request, int(job_id))
+        return Response(JobSerializer(services.retry(job.id)).data)
 
 
 class TenantsView(PgQueueView):
@@ -373,6 +391,9 @@ class HealthView(APIView):
     renderer_classes = [JSONRenderer]
     schema = AutoSchema()
 
+    def get_exception_handler(self) -> Any:
+        return exception_handler
+
     @extend_schema(
         summary="Liveness and database check (no credentials needed)",
         operation_id="health_retrieve",
@@ -396,3 +417,16 @@ class HealthView(APIView):
                 status=status.HTTP_503_SERVICE_UNAVAILABLE,
             )
         return Response({"status": "ok", "database": "ok"})
+
+
+class SchemaView(SpectacularAPIView):
+    """The OpenAPI schema; its errors (a wrong method) answer in pgqueue's JSON form."""
+
+    def get_exception_handler(self) -> Any:
+        return exception_handler
+
+    def finalize_response(self, request: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
+        if response.status_code >= 400 and isinstance(getattr(response, "data", None), dict):
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = "application/json"
+        return super().finalize_response(request, response, *args, **kwargs)

@@ -1,0 +1,219 @@
+"""The API's self-description: the OpenAPI schema, the docs page (served without a CDN)
+and the Prometheus text of /metrics."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+import pytest
+from django.core.management import call_command
+from prometheus_client.parser import text_string_to_metric_families
+from rest_framework.test import APIClient
+
+from pgqueue import services
+from pgqueue.models import Worker
+from tests.api_fixtures import client, make_job, new_key
+
+pytestmark = pytest.mark.django_db
+
+#: Every operation of the contract, as (method, path) with OpenAPI path templates.
+OPERATIONS = {
+    ("post", "/jobs"),
+    ("get", "/jobs"),
+    ("post", "/jobs/batch"),
+    ("get", "/jobs/{job_id}"),
+    ("delete", "/jobs/{job_id}"),
+    ("post", "/jobs/{job_id}/retry"),
+    ("get", "/tenants"),
+    ("get", "/tenants/{name}"),
+    ("put", "/tenants/{name}"),
+    ("get", "/stats"),
+    ("get", "/metrics"),
+    ("get", "/health"),
+}
+HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
+
+
+def operations(schema: dict[str, Any]) -> set[tuple[str, str]]:
+    """(method, path) of every operation, the path without its trailing slash."""
+    return {
+        (method, path.rstrip("/") or "/")
+        for path, item in schema["paths"].items()
+        for method in item
+        if method in HTTP_METHODS
+    }
+
+
+# -- the schema ---------------------------------------------------------------------------
+
+
+def test_the_spectacular_command_validates_without_warnings(tmp_path: Path):
+    target = tmp_path / "schema.json"
+    call_command(
+        "spectacular",
+        "--validate",
+        "--fail-on-warn",
+        "--format",
+        "openapi-json",
+        "--file",
+        str(target),
+    )
+    schema = json.loads(target.read_text())
+    assert schema["openapi"].startswith("3.")
+    missing = OPERATIONS - operations(schema)
+    assert not missing, f"the schema lacks {sorted(missing)}"
+
+
+def test_the_spectacular_command_also_writes_yaml(tmp_path: Path):
+    target = tmp_path / "schema.yml"
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(target))
+    text = target.read_text()
+    assert text.startswith("openapi: 3.")
+    for _, path in OPERATIONS:
+        assert f"  {path}" in text, path
+
+
+@pytest.mark.parametrize("path", ["/schema", "/schema/"])
+def test_schema_endpoint_serves_openapi_3(path):
+    response = APIClient().get(path, {"format": "json"})
+    assert response.status_code == 200, response.content[:300]
+    schema = json.loads(response.content)
+    assert schema["openapi"].startswith("3.")
+    assert schema["info"]["title"]
+    missing = OPERATIONS - operations(schema)
+    assert not missing, f"/schema lacks {sorted(missing)}"
+    # The request bodies and the API key scheme are described.
+    jobs_post = next(
+        op
+        for p, item in schema["paths"].items()
+        for m, op in item.items()
+        if p.rstrip("/") == "/jobs" and m == "post"
+    )
+    assert "application/json" in jobs_post["requestBody"]["content"]
+    schemes = schema["components"]["securitySchemes"]
+    assert any(s.get("scheme") == "bearer" for s in schemes.values()), schemes
+
+
+def test_schema_endpoint_default_format_is_yaml():
+    response = APIClient().get("/schema")
+    assert response.status_code == 200
+    assert response.content.startswith(b"openapi: 3.")
+
+
+# -- the docs page ------------------------------------------------------------------------
+
+
+class _Links(HTMLParser):
+    """Every URL an HTML page makes the browser fetch or follow."""
+
+    ATTRIBUTES = {"src", "href", "data-schema", "data-url", "action", "poster", "srcset"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[tuple[str, str, str]] = []  # (tag, attribute, url)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if name in self.ATTRIBUTES and value:
+                self.urls.append((tag, name, value))
+
+
+def fetch(api: APIClient, url: str) -> Any:
+    response = api.get(url)
+    if response.streaming:  # FileResponse: read it all, which also closes the file
+        response.content_bytes = b"".join(response.streaming_content)
+    else:
+        response.content_bytes = response.content
+    return response
+
+
+@pytest.mark.parametrize("page", ["/docs", "/docs/"])
+def test_docs_use_only_this_servers_urls_and_each_answers(page):
+    api = APIClient()
+    response = api.get(page)
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/html")
+    parser = _Links()
+    parser.feed(response.content.decode())
+    urls = parser.urls
+    tags = {(tag, attribute) for tag, attribute, _ in urls}
+    assert ("script", "src") in tags, urls
+    assert ("link", "href") in tags, urls
+    for tag, attribute, url in urls:
+        parts = urlsplit(url)
+        assert not parts.scheme and not parts.netloc, f"{tag} {attribute}={url} is off-server"
+        absolute = urljoin(f"http://testserver{page}", url)
+        served = fetch(api, absolute)
+        assert served.status_code == 200, (url, served.status_code)
+        assert served.content_bytes, url
+    scripts = [url for tag, attr, url in urls if tag == "script" and attr == "src"]
+    for url in scripts:
+        served = fetch(api, urljoin(f"http://testserver{page}", url))
+        assert "javascript" in served["Content-Type"], (url, served["Content-Type"])
+    stylesheets = [url for tag, _, url in urls if tag == "link" and url.endswith(".css")]
+    for url in stylesheets:
+        assert fetch(api, urljoin(f"http://testserver{page}", url))["Content-Type"].startswith(
+            "text/css"
+        )
+
+
+def test_docs_assets_are_not_a_file_server():
+    api = APIClient()
+    for name in ("settings.py", "..%2F..%2Fsettings.py", "index.html", "nothing.js"):
+        response = api.get(f"/docs/assets/{name}")
+        assert response.status_code == 404, (name, response.status_code)
+
+
+# -- /metrics -----------------------------------------------------------------------------
+
+
+def test_metrics_parse_and_hold_pgqueues_series():
+    make_job("queued", tenant="acme")
+    make_job("queued", tenant="acme")
+    make_job("scheduled", tenant="globex")
+    make_job("running", tenant="acme", queue="busy")
+    make_job("dead", tenant="acme", queue="busy")
+    Worker.objects.create(id="w-alive", host="h", pid=1, concurrency=1)
+    services.create_api_key()  # an unrelated key: not a job, not a tenant backlog
+
+    response = client(new_key()).get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(response.content.decode())}
+    for name in (
+        "pgqueue_jobs",
+        "pgqueue_oldest_runnable_age_seconds",
+        "pgqueue_tenant_backlog",
+        "pgqueue_workers_alive",
+    ):
+        assert name in families, sorted(families)
+
+    jobs = {
+        (s.labels["queue"], s.labels["status"]): s.value for s in families["pgqueue_jobs"].samples
+    }
+    assert jobs == {
+        ("default", "queued"): 2,
+        ("default", "scheduled"): 1,
+        ("busy", "running"): 1,
+        ("busy", "dead"): 1,
+    }
+    oldest = {
+        s.labels["queue"]: s.value for s in families["pgqueue_oldest_runnable_age_seconds"].samples
+    }
+    assert set(oldest) == {"default"} and oldest["default"] >= 0
+    backlog = {s.labels["tenant"]: s.value for s in families["pgqueue_tenant_backlog"].samples}
+    assert backlog == {"acme": 2, "globex": 1}
+    (alive,) = families["pgqueue_workers_alive"].samples
+    assert alive.value == 1
+
+
+def test_metrics_of_an_empty_queue_still_parse():
+    response = client(new_key()).get("/metrics/")
+    assert response.status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(response.content.decode())}
+    assert families["pgqueue_jobs"].samples == []
+    assert [s.value for s in families["pgqueue_workers_alive"].samples] == [0]
