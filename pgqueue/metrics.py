@@ -2,23 +2,30 @@
 
 The collector queries the database at scrape time, so every process serving /metrics
 (each gunicorn worker) reports the same numbers: nothing is kept per process, and no
-multiprocess directory is needed for pgqueue's series.
+multiprocess directory is needed for pgqueue's series. The outcome counters and run-time
+histograms come from pgqueue_task_stat, which maintenance keeps up to date from the
+attempt history, so they are monotonic and cost a few rows per task to read.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import defaultdict
 from collections.abc import Iterator
 
 from django.db.models import Count, Min
 from django.utils import timezone
 from prometheus_client import REGISTRY, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from . import reports
-from .models import Job, Status
+from .models import RUN_TIME_BUCKETS, Job, Status, TaskStat
 
 TOP_TENANTS = 20
 
@@ -65,6 +72,39 @@ class PgQueueCollector(Collector):
         yield GaugeMetricFamily(
             "pgqueue_workers_alive", "Workers seen within a lease", value=reports.workers_alive()
         )
+        yield from self._task_stats()
+
+    def _task_stats(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        """Outcomes and run time by task, from the totals maintenance keeps (a few rows per
+        task). Attempts appear here some seconds after they finish."""
+        rows: dict[tuple[str, str], list[tuple[float, int, float]]] = defaultdict(list)
+        for task, outcome, le, count, seconds in TaskStat.objects.values_list(
+            "task", "outcome", "le", "count", "seconds"
+        ):
+            rows[(task, outcome)].append((le, count, seconds))
+        outcomes = CounterMetricFamily(
+            "pgqueue_job_outcomes",
+            "Finished attempts by task and outcome (done, failed, lease_expired)",
+            labels=["task", "outcome"],
+        )
+        run_time = HistogramMetricFamily(
+            "pgqueue_job_run_seconds",
+            "Run time of finished attempts, by task and outcome",
+            labels=["task", "outcome"],
+        )
+        for (task, outcome), buckets in sorted(rows.items()):
+            total = sum(count for _, count, _ in buckets)
+            outcomes.add_metric([task, outcome], total)
+            cumulative, running = [], 0
+            by_bound = {le: count for le, count, _ in buckets}
+            for bound in RUN_TIME_BUCKETS:
+                running += by_bound.get(bound, 0)
+                cumulative.append(("+Inf" if bound == float("inf") else repr(bound), running))
+            run_time.add_metric(
+                [task, outcome], cumulative, sum_value=sum(s for _, _, s in buckets)
+            )
+        yield outcomes
+        yield run_time
 
 
 _registered = False

@@ -232,6 +232,63 @@ class JobAttempt(models.Model):
         return f"job {self.job_id} attempt {self.attempt}: {self.outcome}"
 
 
+#: Upper bounds (seconds) of the run-time histogram buckets of ``TaskStat``.
+RUN_TIME_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    float("inf"),
+)
+
+
+class TaskStat(models.Model):
+    """Running totals of finished attempts by task, outcome and run-time bucket.
+
+    Maintenance folds new attempt rows into it (off the hot path), so /metrics can serve
+    monotonic counters and a run-time histogram from a small table, identical in every
+    server process.
+    """
+
+    task = models.CharField(max_length=200)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    le = models.FloatField(help_text="the bucket's upper bound, in seconds")
+    count = models.BigIntegerField(default=0)
+    seconds = models.FloatField(default=0.0)
+
+    class Meta:
+        db_table = "pgqueue_task_stat"
+        constraints = [
+            models.UniqueConstraint(fields=["task", "outcome", "le"], name="pgqueue_task_stat_uniq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task} {self.outcome} ≤{self.le}s: {self.count}"
+
+
+class StatMark(models.Model):
+    """How far maintenance has folded attempt rows into TaskStat (one row)."""
+
+    id = models.SmallIntegerField(primary_key=True, default=1)
+    last_attempt_id = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "pgqueue_stat_mark"
+
+    def __str__(self) -> str:
+        return f"attempts folded up to {self.last_attempt_id}"
+
+
 class Worker(models.Model):
     """A running (or recently stopped) worker process, so operators can see who is alive."""
 

@@ -475,3 +475,42 @@ UPDATE pgqueue_worker SET stopped_at = now(), last_seen_at = now() WHERE id = %(
 WORKER_PRUNE = """
 DELETE FROM pgqueue_worker WHERE last_seen_at < now() - interval '1 day'
 """
+
+# -- name: TASK_STAT_FOLD
+# Fold attempt rows finished more than %(settle)s seconds ago into pgqueue_task_stat,
+# oldest first, at most %(limit)s per run. Called by maintenance (one worker at a time;
+# the mark row is locked too). Attempt ids are given out before their transactions commit,
+# so a row could become visible after a larger id was folded: the settle delay (far longer
+# than a worker's one-statement commit) keeps rows whose transaction may still be open out.
+# Index: pgqueue_job_attempt_pkey (id > mark), pgqueue_job_pkey (the task of each).
+TASK_STAT_FOLD = """
+WITH mark AS (
+    SELECT COALESCE(
+        (SELECT last_attempt_id FROM pgqueue_stat_mark WHERE id = 1 FOR UPDATE), 0
+    ) AS last_attempt_id
+),
+fresh AS MATERIALIZED (
+    SELECT a.id, j.task, a.outcome,
+           GREATEST(extract(epoch FROM a.finished_at - a.started_at)::float8, 0) AS secs
+      FROM pgqueue_job_attempt a
+      JOIN pgqueue_job j ON j.id = a.job_id
+     WHERE a.id > (SELECT last_attempt_id FROM mark)
+       AND a.finished_at <= now() - %(settle)s * interval '1 second'
+     ORDER BY a.id
+     LIMIT %(limit)s
+),
+folded AS (
+    INSERT INTO pgqueue_task_stat AS s (task, outcome, le, count, seconds)
+    SELECT task, outcome,
+           (SELECT min(b) FROM unnest(%(buckets)s::float8[]) AS b WHERE b >= secs),
+           count(*), sum(secs)
+      FROM fresh
+     GROUP BY 1, 2, 3
+    ON CONFLICT (task, outcome, le) DO UPDATE
+       SET count = s.count + EXCLUDED.count, seconds = s.seconds + EXCLUDED.seconds
+)
+INSERT INTO pgqueue_stat_mark (id, last_attempt_id)
+SELECT 1, max(id) FROM fresh HAVING count(*) > 0
+ON CONFLICT (id) DO UPDATE SET last_attempt_id = EXCLUDED.last_attempt_id
+RETURNING last_attempt_id
+"""

@@ -338,3 +338,23 @@ def stop_worker(cursor: Any, *, worker: str) -> None:
 
 def prune_workers(cursor: Any) -> None:
     cursor.execute(sql.WORKER_PRUNE)
+
+
+#: Attempt rows younger than this are left for the next fold (see TASK_STAT_FOLD).
+FOLD_SETTLE_SECONDS = 5.0
+
+
+def fold_task_stats(cursor: Any, *, limit: int = 10_000, settle: float | None = None) -> int:
+    """Fold finished attempts into the per-task totals; returns the new mark (0: none)."""
+    from .models import RUN_TIME_BUCKETS
+
+    cursor.execute(
+        sql.TASK_STAT_FOLD,
+        {
+            "limit": limit,
+            "settle": FOLD_SETTLE_SECONDS if settle is None else settle,
+            "buckets": list(RUN_TIME_BUCKETS),
+        },
+    )
+    row = cursor.fetchone()
+    return row[0] if row else 0

@@ -32,6 +32,7 @@ def run_maintenance(conn: Any) -> MaintenanceResult:
         reaped = store.reap_expired(cur)
         promoted = store.promote_due(cur)
         store.prune_workers(cur)
+        store.fold_task_stats(cur)
     for job_id, status in reaped.items():
         logger.warning("job=%d event=lease_expired new_status=%s", job_id, status)
     if promoted:
