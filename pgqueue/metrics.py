@@ -9,13 +9,14 @@ attempt history, so they are monotonic and cost a few rows per task to read.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
 
 from django.db.models import Count, Min
 from django.utils import timezone
-from prometheus_client import REGISTRY, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -121,5 +122,16 @@ def register() -> None:
 
 
 def render() -> tuple[bytes, str]:
+    """The exposition text of this process's registry plus pgqueue's series.
+
+    Under gunicorn with several worker processes, set PROMETHEUS_MULTIPROC_DIR (an empty
+    directory shared by the processes, as prometheus_client documents): request metrics
+    are then summed across the processes, whichever of them answers the scrape.
+    """
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        registry.register(PgQueueCollector())
+        return generate_latest(registry), CONTENT_TYPE_LATEST
     register()
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
