@@ -41,6 +41,22 @@ STATUS_COLOURS = {
 }
 
 
+class BoundedCount(int):
+    """A count that stopped at the bound: compares as a number, reads as "N+"."""
+
+    def __str__(self) -> str:
+        return f"{int(self) - 1}+"
+
+    __format__ = None  # type: ignore[assignment]  # set below, after the class exists
+
+
+def _format_bounded(self: BoundedCount, spec: str) -> str:
+    return str(self) if not spec else int.__format__(int(self) - 1, spec) + "+"
+
+
+BoundedCount.__format__ = _format_bounded  # type: ignore[method-assign]
+
+
 class EstimatedCountPaginator(Paginator):
     """Counts without scanning the whole table.
 
@@ -61,7 +77,8 @@ class EstimatedCountPaginator(Paginator):
             if row and row[0] > COUNT_BOUND:
                 return int(row[0])
         if isinstance(qs, QuerySet):
-            return qs.order_by()[: COUNT_BOUND + 1].count()
+            counted = qs.order_by()[: COUNT_BOUND + 1].count()
+            return BoundedCount(counted) if counted > COUNT_BOUND else counted
         return len(qs)
 
 
@@ -307,6 +324,15 @@ class TenantForm(forms.ModelForm):
         model = Tenant
         fields = ["name", "weight"]
 
+    def clean_name(self) -> Any:
+        name = self.cleaned_data["name"]
+        if not isinstance(name, str):  # the list's hidden primary-key field: a Tenant
+            return name
+        try:
+            return services.validate_name(name, "tenant")
+        except services.InvalidJob as exc:
+            raise forms.ValidationError(exc.reason) from None
+
     def clean_weight(self) -> float:
         weight = self.cleaned_data["weight"]
         if weight is None or not weight > 0:
@@ -351,6 +377,10 @@ class TenantAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request: Any, obj: Any = None) -> list[str]:
         return ["name"] if obj is not None else []
+
+    def get_changelist_form(self, request: Any, **kwargs: Any) -> Any:
+        # The list's weight column validates like the change page.
+        return super().get_changelist_form(request, form=TenantForm, **kwargs)
 
     def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
         return False
