@@ -511,8 +511,11 @@ class DashboardAdmin(admin.ModelAdmin):
 
             return dashboard_view(request, self.admin_site.each_context(request))
 
+        page = self.admin_site.admin_view(view)
+        # The admin index links each entry to its "changelist": the dashboard is that too.
         return [
-            path("", self.admin_site.admin_view(view), name="pgqueue_dashboard"),
+            path("", page, name="pgqueue_dashboard"),
+            path("", page, name="pgqueue_dashboard_changelist"),
         ]
 
     def get_model_perms(self, request: Any) -> dict[str, bool]:

@@ -9,8 +9,8 @@ job table grows. Every query states its cost next to it. In short:
   are as large as the history; counting them exactly is the point of that tile);
 * the live rows only (queued, scheduled) through the partial indexes the claim and promote
   statements use, for the backlog and the oldest runnable job;
-* the last hour of ``pgqueue_job_attempt`` through its ``finished_at`` index (plus primary
-  key lookups into ``pgqueue_job``), for throughput, failures, shares and run times;
+* the last hour of ``pgqueue_job_attempt`` through its ``finished_at`` index, joined to the
+  jobs for their tenant and task, for throughput, failures, shares and run times;
 * ``pgqueue_worker``, which maintenance keeps to the workers seen within a day.
 
 The number of queries is fixed (seven), whatever the number of jobs, tenants or queues.
@@ -138,10 +138,12 @@ def oldest_runnable(*, using: str = "default") -> dict[str, dt.datetime]:
 
 
 #: Top tenants by backlog, with their weights and their share of the done attempts.
-#: Cost: the queued and scheduled rows only (partial indexes pgqueue_job_claim and
-#: pgqueue_job_scheduled); the done attempts of the window through pgqueue_attempt_finished,
-#: each joined to its job by primary key; primary-key and unique-index lookups for the (at
-#: most TOP_TENANTS) tenants' weights and per-queue weights.
+#: Cost: the queued and scheduled rows only, through a BitmapOr of the partial indexes
+#: pgqueue_job_claim and pgqueue_job_scheduled (written as OR: the planner matches partial
+#: indexes to the arms of an OR, not to an IN list, which would scan the whole table); the
+#: window's done attempts through pgqueue_attempt_finished, joined to their jobs (by primary
+#: key, or by one hashed scan when the planner reckons the hour a large part of the table);
+#: lookups for the (at most TOP_TENANTS) tenants' weights and per-queue weights.
 TENANT_BACKLOG_SQL = """
 WITH backlog AS (
     SELECT tenant,
@@ -149,7 +151,7 @@ WITH backlog AS (
            count(*) FILTER (WHERE status = 'scheduled') AS scheduled,
            count(*) AS backlog
       FROM pgqueue_job
-     WHERE status IN ('queued', 'scheduled')
+     WHERE status = 'queued' OR status = 'scheduled'
      GROUP BY tenant
      ORDER BY backlog DESC, tenant
      LIMIT %(limit)s
@@ -197,6 +199,11 @@ def tenant_backlog(
             # A job's tenant row is created with it; a missing one would weigh the default.
             "weight": weight if weight is not None else 1.0,
             "queue_weights": dict(zip(qw_queues, qw_weights, strict=True)),
+            "weight_label": f"{weight if weight is not None else 1.0:g}",
+            "queue_weights_label": ", ".join(
+                f"{q}: {w:g}" for q, w in zip(qw_queues, qw_weights, strict=True)
+            )
+            or "—",
             "done_last_hour": done,
             "done_share": done / done_total if done_total else None,
             "share": f"{100 * done / done_total:.1f} %" if done_total else "—",
@@ -291,7 +298,7 @@ def workers(now: dt.datetime, *, using: str = "default") -> dict[str, Any]:
     )
     listed = (
         table.annotate(alive=ExpressionWrapper(alive_q, output_field=BooleanField()))
-        .order_by("-alive", "stopped_at", "host", "pid", "id")
+        .order_by("-alive", F("stopped_at").asc(nulls_first=True), "host", "pid", "id")
         .values("id", "host", "pid", "queues", "concurrency", "last_seen_at", "stopped_at")[
             :WORKERS_SHOWN
         ]
@@ -369,8 +376,8 @@ def dashboard_data(now: dt.datetime | None = None, *, using: str = "default") ->
 
 # -- the chart ---------------------------------------------------------------------------
 
-CHART_WIDTH = 720
-CHART_HEIGHT = 250
+CHART_WIDTH = 600
+CHART_HEIGHT = 240
 _LEFT, _RIGHT, _TOP, _BOTTOM = 52, 14, 34, 42
 DONE_COLOR = "#447e9b"
 FAILED_COLOR = "#ba2121"
@@ -378,14 +385,19 @@ AXIS_COLOR = "#666666"
 
 
 def _nice_scale(peak: int, ticks: int = 4) -> tuple[int, int]:
-    """The y axis' top and tick step: a round step (1, 2 or 5 times a power of ten) so the
-    labels read as whole numbers and the highest bar fills most of the height."""
+    """The y axis' top and tick step: a round whole step (1, 2, 2.5 or 5 times a power of
+    ten) so the labels read at a glance and the highest bar fills most of the height."""
     if peak <= 0:
         return ticks, 1
     raw = peak / ticks
     magnitude = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
-    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
-    step = max(1, int(step))
+    step = int(
+        next(
+            m * magnitude
+            for m in (1, 2, 2.5, 5, 10)
+            if m * magnitude >= raw and float(m * magnitude).is_integer()
+        )
+    )
     return step * math.ceil(peak / step), step
 
 
@@ -431,7 +443,7 @@ def throughput_chart_svg(buckets: Sequence[Bucket], *, title: str = "Attempts pe
         )
         out.append(
             f'<text class="pgq-axis-label" x="{_LEFT - 6}" y="{yy}" text-anchor="end" '
-            f'dominant-baseline="middle" font-size="11" fill="{AXIS_COLOR}">{value}</text>'
+            f'dominant-baseline="middle" font-size="12" fill="{AXIS_COLOR}">{value}</text>'
         )
     # Done: one bar per minute.
     bar_w = _fmt(max(1.0, slot * 0.7))
@@ -461,29 +473,31 @@ def throughput_chart_svg(buckets: Sequence[Bucket], *, title: str = "Attempts pe
             f'<rect class="pgq-hit" x="{_fmt(x(i))}" y="{_TOP}" width="{_fmt(slot)}" '
             f'height="{plot_h}" fill="transparent"><title>{escape(tip)}</title></rect>'
         )
-    # Axes, x labels every ten minutes and at the last one.
+    # Axes; x labels at whole ten minutes, and at the current minute unless one is near.
+    labelled = [i for i, b in enumerate(buckets) if b.minute.minute % 10 == 0]
+    if buckets and (not labelled or len(buckets) - 1 - labelled[-1] >= 4):
+        labelled.append(len(buckets) - 1)
     out.append(
         f'<path class="pgq-axis" d="M{_LEFT},{_TOP} V{base} H{w - _RIGHT}" fill="none" '
         f'stroke="{AXIS_COLOR}" stroke-width="1"/>'
     )
-    for i, b in enumerate(buckets):
-        if i % 10 == 0 or i == len(buckets) - 1:
-            xx = _fmt(x(i) + slot / 2)
-            out.append(
-                f'<line class="pgq-axis" x1="{xx}" x2="{xx}" y1="{base}" y2="{base + 4}" '
-                f'stroke="{AXIS_COLOR}"/>'
-            )
-            out.append(
-                f'<text class="pgq-axis-label" x="{xx}" y="{base + 16}" text-anchor="middle" '
-                f'font-size="11" fill="{AXIS_COLOR}">{escape(f"{b.minute:%H:%M}")}</text>'
-            )
+    for i in labelled:
+        xx = _fmt(x(i) + slot / 2)
+        out.append(
+            f'<line class="pgq-axis" x1="{xx}" x2="{xx}" y1="{base}" y2="{base + 4}" '
+            f'stroke="{AXIS_COLOR}"/>'
+        )
+        out.append(
+            f'<text class="pgq-axis-label" x="{xx}" y="{base + 16}" text-anchor="middle" '
+            f'font-size="12" fill="{AXIS_COLOR}">{escape(f"{buckets[i].minute:%H:%M}")}</text>'
+        )
     out.append(
         f'<text class="pgq-axis-title" x="{_LEFT + plot_w / 2:.0f}" y="{h - 6}" '
-        f'text-anchor="middle" font-size="11" fill="{AXIS_COLOR}">minute (UTC)</text>'
+        f'text-anchor="middle" font-size="12" fill="{AXIS_COLOR}">minute (UTC)</text>'
     )
     out.append(
         f'<text class="pgq-axis-title" x="12" y="{_TOP + plot_h / 2:.0f}" text-anchor="middle" '
-        f'font-size="11" fill="{AXIS_COLOR}" '
+        f'font-size="12" fill="{AXIS_COLOR}" '
         f'transform="rotate(-90 12 {_TOP + plot_h / 2:.0f})">attempts / min</text>'
     )
     # Legend.
