@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH_DB = "pgqueue_bench"
+BENCH_DB = os.environ.get("BENCH_DB", "pgqueue_bench")
 
 
 def bench_url(base_url: str, dbname: str = BENCH_DB) -> str:
@@ -144,3 +144,52 @@ def worker_env(**pgqueue: Any) -> dict[str, str]:
     for key, value in pgqueue.items():
         env[f"PGQUEUE_{key}"] = str(value)
     return env
+
+
+def reset_tables() -> None:
+    """Empty pgqueue's tables (jobs, history, tenants, clocks, workers) between runs."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "TRUNCATE pgqueue_job, pgqueue_job_attempt, pgqueue_fair_clock, "
+            "pgqueue_queue_weight, pgqueue_worker, pgqueue_task_stat, pgqueue_stat_mark, "
+            "pgqueue_api_key, pgqueue_tenant RESTART IDENTITY CASCADE"
+        )
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A plain-text table, numbers right-aligned."""
+    cells = [[str(h) for h in headers]] + [
+        [
+            f"{c:,.0f}"
+            if isinstance(c, float) and abs(c) >= 100
+            else f"{c:.3g}"
+            if isinstance(c, float)
+            else str(c)
+            for c in row
+        ]
+        for row in rows
+    ]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -21,5 +21,8 @@ def parse(url: str) -> dict[str, Any]:
         "HOST": host,
         "PORT": str(parts.port or ""),
         "OPTIONS": query,
-        "CONN_MAX_AGE": 0,
+        # Keep connections between requests (a new PostgreSQL backend costs milliseconds);
+        # health checks replace one that died while idle.
+        "CONN_MAX_AGE": 60,
+        "CONN_HEALTH_CHECKS": True,
     }

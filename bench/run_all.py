@@ -1,0 +1,77 @@
+#!/usr/bin/env python
+"""Every benchmark, one report: `python bench/run_all.py [--quick] [--only a,b]`.
+
+Runs against a database of its own (pgqueue_bench, next to DATABASE_URL's; `make bench`
+starts an embedded PostgreSQL when DATABASE_URL is unset), shows progress while it runs,
+prints one report, and writes the raw figures to bench/results/<date>.json and the charts
+as PNG next to it. Each section says how its figures were measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import machine, setup_database
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+#: (module in bench/, title) in report order. Each module has
+#: run(quick: bool, out_dir: Path) -> dict with "title", "method", "report" (text) and
+#: "figures" (JSON-serialisable raw numbers), and optionally "charts" (PNG paths).
+RUNS = [
+    ("noisy_neighbour", "1. Noisy neighbour: fair vs FIFO"),
+    ("weights", "2. Weights 1:2:3"),
+    ("throughput", "3. Throughput by claim strategy, and enqueue throughput"),
+    ("latency", "4. Wake-up latency: LISTEN/NOTIFY vs polling"),
+    ("chaos", "5. Crash safety"),
+    ("verified", "6. Verified results"),
+    ("table_scale", "7. Scale of the table"),
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    parser.add_argument("--only", help="comma-separated module names to run")
+    args = parser.parse_args()
+    setup_database()
+    chosen = [r for r in RUNS if not args.only or r[0] in args.only.split(",")]
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+    RESULTS.mkdir(exist_ok=True)
+    about = machine()
+    print(f"machine: {about}", flush=True)
+    sections, raw = [], {"machine": about, "quick": args.quick, "date": stamp, "runs": {}}
+    started = time.monotonic()
+    for name, title in chosen:
+        print(f"\n== {title} ...", flush=True)
+        t0 = time.monotonic()
+        module = importlib.import_module(f"bench.{name}")
+        result = module.run(quick=args.quick, out_dir=RESULTS)
+        elapsed = time.monotonic() - t0
+        print(f"   done in {elapsed:.0f} s", flush=True)
+        raw["runs"][name] = {**result.get("figures", {}), "seconds": round(elapsed, 1)}
+        sections.append(f"{title}\n{result['method']}\n\n{result['report']}")
+        for chart in result.get("charts", []):
+            sections[-1] += f"\nchart: {chart}"
+    suffix = "-quick" if args.quick else ""
+    out = RESULTS / f"{stamp}{suffix}.json"
+    out.write_text(json.dumps(raw, indent=2, default=str))
+    print("\n" + "=" * 78)
+    print(f"pgqueue benchmarks — {stamp}{' (quick)' if args.quick else ''}")
+    print(f"machine: {about}")
+    for section in sections:
+        print("\n" + section)
+    print(f"\nraw figures: {out}  (total {time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
