@@ -29,8 +29,8 @@ demo: venv ## Start the demo: PostgreSQL (embedded unless DATABASE_URL is set), 
 test: venv ## Run the whole test suite (starts an embedded PostgreSQL unless DATABASE_URL is set)
 	$(BIN)/python scripts/with_db.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: venv ## Run the throughput benchmark on a database of its own (embedded PostgreSQL unless DATABASE_URL is set)
-	$(BIN)/python scripts/with_db.py -- $(BIN)/python bench/throughput.py $(BENCH_ARGS)
+bench: venv ## Run every benchmark, one report (own database; embedded PostgreSQL unless DATABASE_URL is set); BENCH_ARGS=--quick for a smoke run
+	$(BIN)/python scripts/with_db.py -- $(BIN)/python bench/run_all.py $(BENCH_ARGS)
 
 lint: venv ## ruff check and format check
 	$(BIN)/ruff check .
