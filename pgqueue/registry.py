@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .exceptions import UnknownTask
@@ -44,6 +44,9 @@ class Task:
 
 
 _registry: dict[str, Task] = {}
+#: Handlers of whole families of names, ``"<family>:<anything>"``, named at enqueue time (the
+#: Django Tasks backend names each job ``"django.tasks:<function path>"``).
+_families: dict[str, Task] = {}
 
 
 def task(
@@ -85,11 +88,19 @@ def _same_function(a: Handler, b: Handler) -> bool:
     return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
 
 
+def register_family(family: str, task: Task) -> None:
+    """Resolve every valid name ``"<family>:<rest>"`` to ``task``'s handler, under that name."""
+    _families[family] = task
+
+
 def get_task(name: str) -> Task:
-    try:
-        return _registry[name]
-    except KeyError:
-        raise UnknownTask(name) from None
+    registered = _registry.get(name)
+    if registered is not None:
+        return registered
+    family, sep, rest = name.partition(":")
+    if sep and rest and family in _families and TASK_NAME_RE.match(name):
+        return replace(_families[family], name=name)
+    raise UnknownTask(name)
 
 
 def registered_tasks() -> dict[str, Task]:
@@ -99,3 +110,4 @@ def registered_tasks() -> dict[str, Task]:
 def unregister(name: str) -> None:
     """Remove a task (for tests that register throwaway tasks)."""
     _registry.pop(name, None)
+    _families.pop(name, None)

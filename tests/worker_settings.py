@@ -21,6 +21,11 @@ for _key, _value in os.environ.items():
         except ValueError:
             PGQUEUE[_key.removeprefix("PGQUEUE_")] = _value
 
+# Django's TASKS setting, which tests/test_tasks_backend.py passes the same way (not a
+# PGQUEUE setting: taken out again).
+if "TASKS" in PGQUEUE:
+    TASKS = PGQUEUE.pop("TASKS")
+
 # SIGUSR1 dumps every thread's stack to stderr (the worker's log): the tests send it to a
 # worker that is still running at teardown, so a hang shows where it is stuck.
 faulthandler.register(signal.SIGUSR1, all_threads=True)
