@@ -1,0 +1,325 @@
+#!/usr/bin/env python
+"""Crash safety: workers SIGKILLed every second, and every connection dropped mid-run.
+
+1,000 jobs (quick: 200) of ``bench.chaos``, which sleeps 20-50 ms and then inserts a row
+into ``bench_execution`` (its side effect). Four ``runworker --concurrency 2`` processes
+run them, with a 2 s lease, maintenance every 0.2 s and a 0.05 s backoff base so that
+recovery is quick. Every second one worker that is up (registered) is killed with SIGKILL
+and a new one started in its place, until every job is done (bounded). The second run
+does the same and, once half the jobs are done, terminates every client connection to
+the benchmark database (pg_terminate_backend): workers, listeners and handlers alike.
+
+    python scripts/with_db.py -- python bench/chaos.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import ROOT, reset_tables, table, worker_env
+
+T = TypeVar("T")
+
+#: Worker settings of both runs: recovery in seconds rather than the defaults' minute.
+CHAOS_SETTINGS = {"LEASE_SECONDS": 2, "MAINTENANCE_SECONDS": 0.2, "BACKOFF_BASE": 0.05}
+WORKERS = 4
+KILL_EVERY = 1.0  # seconds
+POLL = 0.05  # seconds between two looks at the database while waiting
+
+
+# -- worker subprocesses (bench/verified.py uses these too) ---------------------------------
+
+
+@dataclass
+class WorkerProcess:
+    """One ``manage.py runworker`` subprocess, the leader of its own process group."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    started: float
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the process and any children it started, and reap it."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def start_worker(args: list[str], log_dir: Path, **settings: Any) -> WorkerProcess:
+    """Start ``manage.py runworker *args`` with PGQUEUE_<NAME> settings; output to a log."""
+    log_path = Path(tempfile.mkstemp(prefix="worker-", suffix=".log", dir=log_dir)[1])
+    env = worker_env(**settings)
+    env["PYTHONUNBUFFERED"] = "1"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "runworker", "-v", "0", *args],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a kill takes its children too
+        )
+    return WorkerProcess(proc, log_path, time.monotonic())
+
+
+def stop_workers(workers: list[WorkerProcess], timeout: float = 15.0) -> None:
+    """SIGTERM every worker (they finish the jobs in hand), then SIGKILL what is left."""
+    for w in workers:
+        if w.alive():
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for w in workers:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            w.proc.wait(max(0.1, deadline - time.monotonic()))
+        w.kill()
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
+    """Poll ``predicate`` every 50 ms until it is truthy; RuntimeError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(POLL)
+
+
+def query(sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(sql, params or [])
+        return cur.fetchall() if cur.description else []
+
+
+def registered_pids() -> set[int]:
+    """Pids of workers that are up: registered in pgqueue_worker and not stopped."""
+    return {pid for (pid,) in query("SELECT pid FROM pgqueue_worker WHERE stopped_at IS NULL")}
+
+
+# -- one run --------------------------------------------------------------------------------
+
+
+def one_run(jobs: int, drop_connections: bool, log_dir: Path, bound: float) -> dict[str, Any]:
+    import pgqueue
+
+    reset_tables()
+    query(
+        "CREATE TABLE IF NOT EXISTS bench_execution "
+        "(job_id bigint NOT NULL, attempt int NOT NULL, at timestamptz NOT NULL)"
+    )
+    query("TRUNCATE bench_execution")
+    rng = random.Random(5)
+    workers = [
+        start_worker(["--concurrency", "2"], log_dir, **CHAOS_SETTINGS) for _ in range(WORKERS)
+    ]
+    kills: list[dict[str, Any]] = []
+    dropped: dict[str, Any] | None = None
+    try:
+        wait_until(lambda: len(registered_pids()) >= WORKERS, 60, f"{WORKERS} workers to start")
+        pgqueue.enqueue_many(
+            "bench.chaos", [{"ms": rng.randint(20, 50)} for _ in range(jobs)], tenant="chaos"
+        )
+        started = time.monotonic()
+        next_kill = started + KILL_EVERY
+        while True:
+            done = query("SELECT count(*) FROM pgqueue_job WHERE status = 'done'")[0][0]
+            if done >= jobs:
+                break
+            now = time.monotonic()
+            if now - started > bound:
+                break  # reported below as jobs not done
+            if drop_connections and dropped is None and done >= jobs // 2:
+                (at,) = query("SELECT clock_timestamp()")[0]
+                rows = query(
+                    "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                    "AND backend_type = 'client backend'"
+                )
+                dropped = {
+                    "at_s": round(now - started, 2),
+                    "at": at,
+                    "done": done,
+                    "backends": sum(1 for _, ok in rows if ok),
+                }
+            if now >= next_kill:
+                next_kill = max(next_kill + KILL_EVERY, now + KILL_EVERY / 2)
+                up = registered_pids()
+                victims = [w for w in workers if w.alive() and w.pid in up]
+                if victims:
+                    victim = rng.choice(victims)
+                    in_hand = query(
+                        "SELECT count(*) FROM pgqueue_job j JOIN pgqueue_worker w "
+                        "ON j.lease_owner = w.id WHERE j.status = 'running' AND w.pid = %s",
+                        [victim.pid],
+                    )[0][0]
+                    victim.kill()
+                    kills.append({"at_s": round(now - started, 2), "jobs_in_hand": in_hand})
+                    workers.remove(victim)
+                    workers.append(start_worker(["--concurrency", "2"], log_dir, **CHAOS_SETTINGS))
+            time.sleep(POLL)
+        elapsed = time.monotonic() - started
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}\nlog of a worker:\n{workers[0].log_tail()}") from exc
+    finally:
+        stop_workers(workers)
+    if dropped is not None:
+        # How long until the workers, reconnected, recorded a job again.
+        (gap,) = query(
+            "SELECT extract(epoch FROM min(finished_at) - %s) FROM pgqueue_job "
+            "WHERE finished_at > %s",
+            [dropped["at"], dropped["at"]],
+        )[0]
+        dropped["first_done_after_ms"] = round(float(gap) * 1000, 1) if gap is not None else None
+        dropped["at"] = dropped["at"].isoformat()
+    return {**measure(jobs), "seconds": round(elapsed, 1), "kills": kills, "dropped": dropped}
+
+
+def measure(jobs: int) -> dict[str, Any]:
+    """What happened to every job, from the jobs table and the executions the task wrote."""
+    by_status = dict(query("SELECT status, count(*) FROM pgqueue_job GROUP BY status"))
+    (row,) = query(
+        """
+        WITH ex AS (SELECT job_id, count(*) AS n FROM bench_execution GROUP BY job_id)
+        SELECT count(*) FILTER (WHERE j.status = 'done'),
+               count(*) FILTER (WHERE ex.n > 1),
+               coalesce(max(ex.n), 0),
+               count(*) FILTER (WHERE j.attempts > 1),
+               count(*) FILTER (WHERE j.status = 'done' AND NOT EXISTS (
+                   SELECT 1 FROM bench_execution b
+                    WHERE b.job_id = j.id AND b.attempt = j.attempts)),
+               extract(epoch FROM max(j.finished_at) - min(j.created_at))
+          FROM pgqueue_job j LEFT JOIN ex ON ex.job_id = j.id
+        """
+    )
+    done, more_than_once, max_runs, rerun, unbacked, seconds = row
+    outcomes = dict(query("SELECT outcome, count(*) FROM pgqueue_job_attempt GROUP BY outcome"))
+    return {
+        "jobs": jobs,
+        "done": done,
+        "lost": jobs - done,
+        "by_status": by_status,
+        "ran_more_than_once": more_than_once,
+        "most_executions_of_a_job": max_runs,
+        "executions": query("SELECT count(*) FROM bench_execution")[0][0],
+        "rerun_attempts_gt_1": rerun,
+        "done_without_execution_of_its_attempt": unbacked,
+        "attempt_outcomes": outcomes,
+        "drain_seconds": round(float(seconds or 0), 2),
+    }
+
+
+def run(quick: bool, out_dir: Path) -> dict[str, Any]:
+    jobs = 200 if quick else 1000
+    bound = 60.0 if quick else 120.0
+    with tempfile.TemporaryDirectory(prefix="pgqueue-chaos-") as tmp:
+        runs = {
+            "kills": one_run(jobs, False, Path(tmp), bound),
+            "kills_and_dropped_connections": one_run(jobs, True, Path(tmp), bound),
+        }
+    rows = []
+    for label, r in (
+        ("SIGKILL every 1 s", runs["kills"]),
+        ("... + connections dropped", runs["kills_and_dropped_connections"]),
+    ):
+        rows.append(
+            [
+                label,
+                len(r["kills"]),
+                sum(k["jobs_in_hand"] for k in r["kills"]),
+                f"{r['done']:,}/{r['jobs']:,}",
+                r["lost"],
+                r["rerun_attempts_gt_1"],
+                r["ran_more_than_once"],
+                r["attempt_outcomes"].get("failed", 0),
+                f"{r['drain_seconds']:.1f} s",
+            ]
+        )
+    report = table(
+        [
+            "run",
+            "kills",
+            "jobs in hand at kills",
+            "done",
+            "lost",
+            "re-run",
+            "ran > once",
+            "failed attempts",
+            "drain",
+        ],
+        rows,
+    )
+    d = runs["kills_and_dropped_connections"]["dropped"]
+    if d:
+        report += (
+            f"\nconnections dropped at {d['at_s']:.1f} s ({d['done']:,} jobs done): "
+            f"{d['backends']} backends terminated; the first job recorded done after "
+            f"that, {d['first_done_after_ms']} ms later"
+        )
+    unbacked = sum(r["done_without_execution_of_its_attempt"] for r in runs.values())
+    report += (
+        "\nre-run: jobs with more than one attempt; ran > once: jobs with more than one row "
+        "in bench_execution (the side effect happened twice: the worker died between the "
+        f"handler's commit and its own). Done jobs without an execution of the attempt "
+        f"recorded as done: {unbacked}."
+    )
+    method = (
+        f"{jobs:,} jobs that sleep 20-50 ms and then insert a row into bench_execution; "
+        f"{WORKERS} `runworker --concurrency 2` processes (lease 2 s, maintenance every "
+        "0.2 s, backoff base 0.05 s); every second one worker that is up is SIGKILLed and "
+        "replaced, until every job is done (bounded). The second run also has every "
+        "connection dropped once half the jobs are done: pg_terminate_backend of every "
+        "client backend of the benchmark database but the benchmark's own (workers' loops, "
+        "listeners, handlers). That stands in for a PostgreSQL restart: DATABASE_URL's "
+        "server cannot be restarted from here (it is shared, not the benchmark's own); a "
+        "restart would add the server's crash recovery, which is PostgreSQL's, to the same "
+        "dropped connections. Lost = jobs not done when the run ends."
+    )
+    return {"title": "Crash safety", "method": method, "report": report, "figures": runs}
+
+
+def main() -> None:
+    from bench.common import machine, setup_database
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    setup_database()
+    print(f"machine: {machine()}")
+    result = run(args.quick, Path(tempfile.gettempdir()))
+    print(f"{result['method']}\n\n{result['report']}")
+
+
+if __name__ == "__main__":
+    main()
