@@ -193,3 +193,16 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def standalone(run: Any, doc: str | None) -> None:
+    """Run one benchmark module on its own: `python bench/<name>.py [--quick]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    setup_database()
+    print(f"machine: {machine()}")
+    result = run(quick=args.quick, out_dir=ROOT / "bench" / "results")
+    print(f"\n{result['method']}\n\n{result['report']}")

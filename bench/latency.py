@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, percentile, reset_tables, table
+from bench.common import percentile, reset_tables, table
 from bench.noisy_neighbour import ms, rows, running_worker, scalar, wait_for
 
 SEED = 20261201
@@ -111,14 +111,6 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    import argparse
+    from bench.common import standalone
 
-    from bench.common import machine, setup_database
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    setup_database()
-    print(f"machine: {machine()}")
-    out = run(args.quick, ROOT / "bench" / "results")
-    print(f"\n{out['method']}\n\n{out['report']}")
+    standalone(run, __doc__)

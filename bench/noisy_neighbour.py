@@ -314,14 +314,6 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    import argparse
+    from bench.common import standalone
 
-    from bench.common import machine, setup_database
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    setup_database()
-    print(f"machine: {machine()}")
-    out = run(args.quick, ROOT / "bench" / "results")
-    print(f"\n{out['method']}\n\n{out['report']}")
+    standalone(run, __doc__)

@@ -15,10 +15,8 @@ should not notice them.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -241,17 +239,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    from bench.common import machine, setup_database
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    setup_database()
-    print(f"machine: {machine()}")
-    result = run(args.quick, Path(tempfile.gettempdir()))
-    print(f"{result['method']}\n\n{result['report']}")
-
-
 if __name__ == "__main__":
-    main()
+    from bench.common import standalone
+
+    standalone(run, __doc__)

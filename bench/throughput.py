@@ -267,9 +267,6 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from bench.common import machine, setup_database
+    from bench.common import standalone
 
-    setup_database()
-    print(f"machine: {machine()}")
-    result = run(quick="--quick" in sys.argv, out_dir=Path(__file__).parent / "results")
-    print(result["method"] + "\n\n" + result["report"])
+    standalone(run, __doc__)

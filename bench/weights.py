@@ -18,7 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, reset_tables, table
+from bench.common import reset_tables, table
 from bench.noisy_neighbour import rows, running_worker, scalar, wait_for
 
 WEIGHTS = {"w1": 1, "w2": 2, "w3": 3}
@@ -134,14 +134,6 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    import argparse
+    from bench.common import standalone
 
-    from bench.common import machine, setup_database
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    setup_database()
-    print(f"machine: {machine()}")
-    out = run(args.quick, ROOT / "bench" / "results")
-    print(f"\n{out['method']}\n\n{out['report']}")
+    standalone(run, __doc__)
