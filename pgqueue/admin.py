@@ -18,7 +18,7 @@ from django.contrib import admin, messages
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
-from django.urls import path, reverse
+from django.urls import path
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
@@ -520,7 +520,3 @@ class DashboardAdmin(admin.ModelAdmin):
 
     def get_model_perms(self, request: Any) -> dict[str, bool]:
         return {"view": self.has_view_permission(request)}
-
-
-def dashboard_url() -> str:
-    return reverse("admin:pgqueue_dashboard")
