@@ -415,8 +415,21 @@ class TenantAdmin(admin.ModelAdmin):
         return f"{(obj.n_hour or 0) / obj.n_hour_total:.0%}"
 
 
+class ViewOnlyAdmin(admin.ModelAdmin):
+    """Pages to look at: nothing added, changed or deleted through them."""
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):
+class WorkerAdmin(ViewOnlyAdmin):
     list_display = [
         "host",
         "pid",
@@ -428,15 +441,6 @@ class WorkerAdmin(admin.ModelAdmin):
     ]
     ordering = ["-last_seen_at"]
     list_per_page = 100
-
-    def has_add_permission(self, request: Any) -> bool:
-        return False
-
-    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="queues")
     def queue_list(self, obj: Worker) -> str:
@@ -494,17 +498,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(Dashboard)
-class DashboardAdmin(admin.ModelAdmin):
+class DashboardAdmin(ViewOnlyAdmin):
     """The dashboard, listed on the admin index like a model."""
-
-    def has_add_permission(self, request: Any) -> bool:
-        return False
-
-    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
 
     def has_view_permission(self, request: Any, obj: Any = None) -> bool:
         return request.user.is_active and request.user.is_staff
