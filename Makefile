@@ -30,7 +30,7 @@ test: venv ## Run the whole test suite (starts an embedded PostgreSQL unless DAT
 	$(BIN)/python scripts/with_db.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: venv ## Run every benchmark, one report (own database; embedded PostgreSQL unless DATABASE_URL is set); BENCH_ARGS=--quick for a smoke run
-	$(BIN)/python scripts/with_db.py -- $(BIN)/python bench/run_all.py $(BENCH_ARGS)
+	$(BIN)/python scripts/with_db.py -- $(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
 lint: venv ## ruff check and format check
 	$(BIN)/ruff check .

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Crash safety: workers SIGKILLed every second, and every connection dropped mid-run.
 
 1,000 jobs (quick: 200) of ``bench.chaos``, which sleeps 20-50 ms and then inserts a row
@@ -9,125 +8,26 @@ and a new one started in its place, until every job is done (bounded). The secon
 does the same and, once half the jobs are done, terminates every client connection to
 the benchmark database (pg_terminate_backend): workers, listeners and handlers alike.
 
-    python scripts/with_db.py -- python bench/chaos.py [--quick]
+    python scripts/with_db.py -- python -m bench.chaos [--quick]
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import ROOT, reset_tables, table, worker_env
-
-T = TypeVar("T")
+from bench.common import query, reset_tables, table
+from bench.harness import registered_pids, start_worker, stop_workers, wait_for
 
 #: Worker settings of both runs: recovery in seconds rather than the defaults' minute.
 CHAOS_SETTINGS = {"LEASE_SECONDS": 2, "MAINTENANCE_SECONDS": 0.2, "BACKOFF_BASE": 0.05}
 WORKERS = 4
 KILL_EVERY = 1.0  # seconds
-POLL = 0.05  # seconds between two looks at the database while waiting
-
-
-# -- worker subprocesses (bench/verified.py uses these too) ---------------------------------
-
-
-@dataclass
-class WorkerProcess:
-    """One ``manage.py runworker`` subprocess, the leader of its own process group."""
-
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    started: float
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL the process and any children it started, and reap it."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def log_tail(self, chars: int = 2000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-
-def start_worker(args: list[str], log_dir: Path, **settings: Any) -> WorkerProcess:
-    """Start ``manage.py runworker *args`` with PGQUEUE_<NAME> settings; output to a log."""
-    log_path = Path(tempfile.mkstemp(prefix="worker-", suffix=".log", dir=log_dir)[1])
-    env = worker_env(**settings)
-    env["PYTHONUNBUFFERED"] = "1"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runworker", "-v", "0", *args],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: a kill takes its children too
-        )
-    return WorkerProcess(proc, log_path, time.monotonic())
-
-
-def stop_workers(workers: list[WorkerProcess], timeout: float = 15.0) -> None:
-    """SIGTERM every worker (they finish the jobs in hand), then SIGKILL what is left."""
-    for w in workers:
-        if w.alive():
-            with contextlib.suppress(ProcessLookupError):
-                w.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for w in workers:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            w.proc.wait(max(0.1, deadline - time.monotonic()))
-        w.kill()
-
-
-def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
-    """Poll ``predicate`` every 50 ms until it is truthy; RuntimeError after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(POLL)
-
-
-def query(sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(sql, params or [])
-        return cur.fetchall() if cur.description else []
-
-
-def registered_pids() -> set[int]:
-    """Pids of workers that are up: registered in pgqueue_worker and not stopped."""
-    return {pid for (pid,) in query("SELECT pid FROM pgqueue_worker WHERE stopped_at IS NULL")}
-
-
-# -- one run --------------------------------------------------------------------------------
+POLL = 0.05  # seconds between two looks at the database while killing and replacing
+STOP = 15.0  # bound on the workers left at the end finishing their jobs in hand
 
 
 def one_run(jobs: int, drop_connections: bool, log_dir: Path, bound: float) -> dict[str, Any]:
@@ -146,7 +46,7 @@ def one_run(jobs: int, drop_connections: bool, log_dir: Path, bound: float) -> d
     kills: list[dict[str, Any]] = []
     dropped: dict[str, Any] | None = None
     try:
-        wait_until(lambda: len(registered_pids()) >= WORKERS, 60, f"{WORKERS} workers to start")
+        wait_for(lambda: len(registered_pids()) >= WORKERS, 60, f"{WORKERS} workers to start")
         pgqueue.enqueue_many(
             "bench.chaos", [{"ms": rng.randint(20, 50)} for _ in range(jobs)], tenant="chaos"
         )
@@ -189,10 +89,10 @@ def one_run(jobs: int, drop_connections: bool, log_dir: Path, bound: float) -> d
                     workers.append(start_worker(["--concurrency", "2"], log_dir, **CHAOS_SETTINGS))
             time.sleep(POLL)
         elapsed = time.monotonic() - started
-    except RuntimeError as exc:
+    except TimeoutError as exc:
         raise RuntimeError(f"{exc}\nlog of a worker:\n{workers[0].log_tail()}") from exc
     finally:
-        stop_workers(workers)
+        stop_workers(workers, STOP)
     if dropped is not None:
         # How long until the workers, reconnected, recorded a job again.
         (gap,) = query(

@@ -40,7 +40,6 @@ def setup_database() -> str:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
     os.environ["DATABASE_URL"] = url
     os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
-    sys.path.insert(0, str(ROOT))
     import django
 
     django.setup()
@@ -139,11 +138,18 @@ def commit_ceiling(clients: int, seconds: float = 5.0) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def worker_env(**pgqueue: Any) -> dict[str, str]:
-    env = dict(os.environ, DJANGO_SETTINGS_MODULE="bench.settings")
-    for key, value in pgqueue.items():
-        env[f"PGQUEUE_{key}"] = str(value)
-    return env
+def query(sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """The rows ``sql`` returns on Django's connection (none for a statement without)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall() if cur.description else []
+
+
+def scalar(sql: str, params: Any = None) -> Any:
+    """The first column of the first row ``sql`` returns."""
+    return query(sql, params)[0][0]
 
 
 def reset_tables() -> None:
@@ -166,6 +172,15 @@ def percentile(values: list[float], q: float) -> float:
     k = (len(ordered) - 1) * q / 100
     lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def ms(seconds: float) -> str:
+    """A duration for a report: milliseconds below 1 s, seconds above."""
+    if seconds != seconds:  # NaN
+        return "n/a"
+    if seconds < 1:
+        return f"{seconds * 1000:.1f} ms"
+    return f"{seconds:.2f} s"
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -196,7 +211,7 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def standalone(run: Any, doc: str | None) -> None:
-    """Run one benchmark module on its own: `python bench/<name>.py [--quick]`."""
+    """Run one benchmark module on its own: `python -m bench.<name> [--quick]`."""
     import argparse
 
     parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Wake-up latency of an idle worker: LISTEN/NOTIFY vs polling every second.
 
 One `manage.py runworker --concurrency 1`, registered and listening (its listener
@@ -11,21 +10,18 @@ nothing notifies ("nowhere") and polls every 1 s. The report also gives the part
 latency spent in the enqueue call itself (created_at to the call returning, committed),
 which no wake-up mechanism can save.
 
-    python scripts/with_db.py -- python bench/latency.py [--quick]
+    python scripts/with_db.py -- python -m bench.latency [--quick]
 """
 
 from __future__ import annotations
 
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import percentile, reset_tables, table
-from bench.noisy_neighbour import ms, rows, running_worker, scalar, wait_for
+from bench.common import ms, percentile, query, reset_tables, scalar, table
+from bench.harness import running_worker, wait_for
 
 SEED = 20261201
 CONCURRENCY = 1
@@ -57,7 +53,7 @@ def one_mode(jobs: int, settings: dict[str, Any]) -> tuple[list[float], list[flo
             last = pgqueue.enqueue("bench.noop", tenant="latency").job.id
             returned[last] = time.time()
         wait_for(lambda: done(last), 10, "the last job")
-    found = rows(
+    found = query(
         "SELECT id, extract(epoch FROM started_at - created_at)::float8,"
         " extract(epoch FROM created_at)::float8 FROM pgqueue_job"
         " WHERE id <> %s AND status = 'done' ORDER BY id",

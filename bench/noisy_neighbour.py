@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Noisy neighbour: what one tenant's flood does to everyone else's wait, fair vs FIFO.
 
 One tenant enqueues 10,000 jobs at once (quick: 1,000); while its backlog lasts, five small
@@ -9,131 +8,24 @@ enqueuers under override_settings(PGQUEUE={"ORDERING": "fifo"}), the worker with
 PGQUEUE_ORDERING=fifo). A small job's wait is started_at - created_at of its row, both
 PostgreSQL's clock.
 
-This module also holds the worker plumbing the other benchmarks share (running_worker,
-wait_for).
-
-    python scripts/with_db.py -- python bench/noisy_neighbour.py [--quick]
+    python scripts/with_db.py -- python -m bench.noisy_neighbour [--quick]
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import ROOT, percentile, reset_tables, table, worker_env
-
-T = TypeVar("T")
-
-POLL = 0.05  # seconds between two looks at the database while waiting
-STARTUP = 30.0  # bound on a worker process starting, registering and listening
-STOP = 30.0  # bound on a worker finishing its jobs in hand after SIGTERM
+from bench.common import ms, percentile, query, reset_tables, scalar, table
+from bench.harness import running_worker, wait_for
 
 SMALL_TENANTS = 5
 SMALL_PERIOD = 0.1  # one small job every 100 ms, all small tenants together
 CONCURRENCY = 8
 PROCESSES = 1
-
-
-# -- shared plumbing ------------------------------------------------------------------------
-
-
-def wait_for(predicate: Callable[[], T], timeout: float, what: str, poll: float = POLL) -> T:
-    """Poll ``predicate`` until it returns something truthy and return that; raise
-    TimeoutError naming ``what`` once ``timeout`` seconds have passed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(poll)
-
-
-def scalar(query: str, params: Any = None) -> Any:
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(query, params)
-        return cur.fetchone()[0]
-
-
-def rows(query: str, params: Any = None) -> list[tuple]:
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(query, params)
-        return cur.fetchall()
-
-
-def listeners() -> int:
-    """pgqueue listener connections of this database sitting idle after their LISTEN."""
-    return scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND application_name LIKE 'pgqueue listener %%' AND state = 'idle'"
-        " AND query LIKE 'LISTEN %%'"
-    )
-
-
-def stop_process(proc: subprocess.Popen, timeout: float = STOP) -> None:
-    """SIGTERM (the worker finishes its jobs in hand), wait; SIGKILL its group on timeout."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # its own session: it and its children
-            proc.wait()
-
-
-@contextlib.contextmanager
-def running_worker(
-    concurrency: int, processes: int = 1, *extra: str, **pgqueue: Any
-) -> Iterator[subprocess.Popen]:
-    """``manage.py runworker`` as a subprocess, with ``PGQUEUE_<KEY>=value`` for each of
-    ``pgqueue``; yields once each of its processes is registered and listening, and always
-    stops it on the way out."""
-    cmd = [sys.executable, str(ROOT / "manage.py"), "runworker", "-v", "0"]
-    cmd += ["--concurrency", str(concurrency), *extra]
-    if processes > 1:
-        cmd += ["--processes", str(processes)]
-    before = listeners()
-    proc = subprocess.Popen(cmd, env=worker_env(**pgqueue), cwd=ROOT, start_new_session=True)
-    try:
-        # The listener connects after the worker registered itself: listening means ready.
-        wait_for(
-            lambda: proc.poll() is not None or listeners() >= before + processes,
-            STARTUP,
-            "the worker to register and LISTEN",
-        )
-        if proc.poll() is not None:
-            raise RuntimeError(f"runworker exited with status {proc.returncode} at start-up")
-        yield proc
-    finally:
-        stop_process(proc)
-
-
-def ms(seconds: float) -> str:
-    """A duration for a report: milliseconds below 1 s, seconds above."""
-    if seconds != seconds:  # NaN
-        return "n/a"
-    if seconds < 1:
-        return f"{seconds * 1000:.1f} ms"
-    return f"{seconds:.2f} s"
-
-
-# -- the scenario ---------------------------------------------------------------------------
 
 
 def submit_small(stop: threading.Event, errors: list[BaseException]) -> None:
@@ -194,11 +86,11 @@ def one_run(ordering: str, big: int) -> dict[str, Any]:
             30,
             "the small tenants' last jobs",
         )
-    (t0, drain, big_done) = rows(
+    (t0, drain, big_done) = query(
         "SELECT min(created_at), extract(epoch FROM max(finished_at) - min(created_at)),"
         " count(*) FILTER (WHERE status = 'done') FROM pgqueue_job WHERE tenant = 'big'"
     )[0]
-    small = rows(
+    small = query(
         "SELECT extract(epoch FROM created_at - %s)::float8,"
         " extract(epoch FROM started_at - created_at)::float8"
         " FROM pgqueue_job WHERE tenant <> 'big' ORDER BY created_at, id",

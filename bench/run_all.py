@@ -1,5 +1,4 @@
-#!/usr/bin/env python
-"""Every benchmark, one report: `python bench/run_all.py [--quick] [--only a,b]`.
+"""Every benchmark, one report: `python -m bench.run_all [--quick] [--only a,b]`.
 
 Runs against a database of its own (pgqueue_bench, next to DATABASE_URL's; `make bench`
 starts an embedded PostgreSQL when DATABASE_URL is unset), shows progress while it runs,
@@ -16,8 +15,6 @@ import json
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine, setup_database
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Scale of the table: enqueue, claim and complete latency beside 0 to 1,000,000 old jobs.
 
 For each size (0, 100,000 and 1,000,000 finished jobs; quick: 0 and 100,000) the tables
@@ -10,18 +9,15 @@ a psycopg connection made as the worker makes its own), each call timed on its o
 claim index is partial (status = 'queued'), so finished jobs are not in it: the hot path
 should not notice them.
 
-    python scripts/with_db.py -- python bench/table_scale.py [--quick]
+    python scripts/with_db.py -- python -m bench.table_scale [--quick]
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import percentile, reset_tables, table
 

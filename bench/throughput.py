@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Throughput by claim strategy, next to the server's commit ceiling; enqueue throughput.
 
 Claim strategies, each at 1, 2, 4 and 8 workers, median of 3 runs over pre-enqueued no-op
@@ -16,7 +15,7 @@ UPDATE per transaction), and the report gives jobs/s divided by it. Enqueue thro
 single POST /jobs over HTTP (gunicorn, keep-alive, one client), enqueue_many of 1,000, and
 POST /jobs/batch of 1,000.
 
-    python scripts/with_db.py -- python bench/run_all.py --only throughput
+    python scripts/with_db.py -- python -m bench.throughput [--quick]
 """
 
 from __future__ import annotations
@@ -33,16 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import (
-    ROOT,
-    commit_ceiling,
-    median,
-    reset_tables,
-    table,
-    worker_env,
-)
+from bench.common import ROOT, commit_ceiling, median, reset_tables, table
+from bench.harness import run_burst, worker_env
 
 # The three hand-written claim loops; the bench's own SQL, not pgqueue's hot path.
 CLAIM = """
@@ -114,22 +105,6 @@ def _claim_loop(skip: str, batch: int, threads: int) -> None:
         t.start()
     for t in pool:
         t.join()
-
-
-def _runworker(threads: int, processes: int) -> None:
-    cmd = [
-        sys.executable,
-        str(ROOT / "manage.py"),
-        "runworker",
-        "--burst",
-        "-v",
-        "0",
-        "--concurrency",
-        str(threads),
-    ]
-    if processes > 1:
-        cmd += ["--processes", str(processes)]
-    subprocess.run(cmd, env=worker_env(), check=True, cwd=ROOT)
 
 
 def _free_port() -> int:
@@ -216,8 +191,8 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         (label, lambda n, skip=skip, batch=batch: _claim_loop(skip, batch, n))
         for label, skip, batch in STRATEGIES
     ]
-    shapes.append(("runworker, N threads", lambda n: _runworker(n, 1)))
-    shapes.append(("runworker, 2 processes", lambda n: _runworker(max(n // 2, 1), 2)))
+    shapes.append(("runworker, N threads", lambda n: run_burst(n, 1)))
+    shapes.append(("runworker, 2 processes", lambda n: run_burst(max(n // 2, 1), 2)))
     for label, start in shapes:
         per_level = {}
         # The hand-written loops are slow by design (a commit per claim and per job): half

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Verified results: CPU-bound jobs whose every result is recomputed and compared.
 
 600 jobs (quick: 90), a third each of is_prime (n random in 10^6..10^12), collatz (n
@@ -9,23 +8,20 @@ tenant per task). When all are finished, the benchmark recomputes every result w
 pure functions of demo_project/tasks.py and compares it with the stored one; primality is
 also checked with a deterministic Miller-Rabin test, an algorithm the task does not use.
 
-    python scripts/with_db.py -- python bench/verified.py [--quick]
+    python scripts/with_db.py -- python -m bench.verified [--quick]
 """
 
 from __future__ import annotations
 
 import json
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.chaos import query, registered_pids, start_worker, stop_workers, wait_until
-from bench.common import percentile, reset_tables, table
+from bench.common import percentile, query, reset_tables, table
+from bench.harness import registered_pids, start_worker, stop_workers, wait_for
 
 TASKS = ("is_prime", "collatz", "sha256_chain")
 
@@ -87,11 +83,11 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pgqueue-verified-") as tmp:
         worker = start_worker(["--processes", "2", "--concurrency", "2"], Path(tmp))
         try:
-            wait_until(lambda: len(registered_pids()) >= 2, 60, "2 worker processes to start")
+            wait_for(lambda: len(registered_pids()) >= 2, 60, "2 worker processes to start")
             with transaction.atomic():
                 for task in TASKS:
                     pgqueue.enqueue_many(task, payloads(task, per_task, rng), tenant=task)
-            wait_until(
+            wait_for(
                 lambda: (
                     query("SELECT count(*) FROM pgqueue_job WHERE status IN ('done', 'dead')")[0][0]
                     >= total
@@ -99,10 +95,10 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
                 120 if quick else 300,
                 f"{total} jobs to finish",
             )
-        except RuntimeError as exc:
+        except TimeoutError as exc:
             raise RuntimeError(f"{exc}\nworker log:\n{worker.log_tail()}") from exc
         finally:
-            stop_workers([worker])
+            stop_workers([worker], 15.0)
 
     rows = query(
         "SELECT task, payload::text, status, result::text, "

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Weights: three tenants with weights 1, 2 and 3 and equal backlogs share one worker.
 
 Each tenant enqueues the same number of no-op jobs (3,000; quick: 300) after its weight
@@ -7,19 +6,16 @@ still has work, fair queuing should give them 1/6, 2/6 and 3/6 of the worker: th
 of each in the first 60% of the jobs, in the order they were started (started_at, then
 the claim's own order within one claim), is compared with that target.
 
-    python scripts/with_db.py -- python bench/weights.py [--quick]
+    python scripts/with_db.py -- python -m bench.weights [--quick]
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import reset_tables, table
-from bench.noisy_neighbour import rows, running_worker, scalar, wait_for
+from bench.common import query, reset_tables, scalar, table
+from bench.harness import running_worker, wait_for
 
 WEIGHTS = {"w1": 1, "w2": 2, "w3": 3}
 CONCURRENCY = 4
@@ -55,7 +51,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         raise RuntimeError(f"only {done} of {total} jobs done")
     first = int(total * FIRST)
     counts = dict(
-        rows(
+        query(
             "SELECT tenant, count(*) FROM (SELECT tenant FROM pgqueue_job"
             " ORDER BY started_at, vtime, id LIMIT %s) f GROUP BY tenant",
             [first],
@@ -63,7 +59,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
     )
     # When each tenant's last job started, in seconds after the first start.
     ran_out = dict(
-        rows(
+        query(
             "SELECT tenant, extract(epoch FROM max(started_at) - (SELECT min(started_at)"
             " FROM pgqueue_job))::float8 FROM pgqueue_job GROUP BY tenant"
         )
