@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from pgqueue import store
 from pgqueue.models import Job
+from tests.workers import workers  # noqa: F401  (the fixture, for every test module)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_worker import database_url
+from tests.workers import database_url
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -2,7 +2,7 @@
 
 The backend-relevant cases of Django's own tests of its task backends (enqueue, get_result,
 priority, run_after, queues, takes_context, transactions, checks), against pgqueue; the
-runs themselves in real ``runworker`` subprocesses (the fixtures of tests/test_worker.py):
+runs themselves in real ``runworker`` subprocesses (the fixture of tests/workers.py):
 results, async tasks, signals, retries, permanent failures and a worker killed mid-task.
 
 The framework's names come from pgqueue.backends, which takes them from Django 6
@@ -40,14 +40,8 @@ from pgqueue.models import Job, JobAttempt
 from tests import api_fixtures
 from tests.conftest import claim, complete, fail
 from tests.taskapp import django_tasks as t
-from tests.test_worker import (  # noqa: F401  (workers is a fixture)
-    FAST_RECOVERY,
-    STARTUP,
-    StartWorker,
-    history,
-    workers,
-)
-from tests.test_worker import wait_for as _wait_for
+from tests.workers import FAST_RECOVERY, STARTUP, StartWorker, history
+from tests.workers import wait_for as _wait_for
 
 if backends.django.VERSION >= (6, 0):
     from django.tasks.exceptions import TaskResultMismatch
@@ -468,7 +462,7 @@ def signal_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_runs_tasks_and_their_results_are_visible(
-    workers: StartWorker,  # noqa: F811
+    workers: StartWorker,
     signal_log: Path,
 ) -> None:
     results = {
@@ -526,7 +520,7 @@ def test_a_worker_runs_tasks_and_their_results_are_visible(
 
 @pytest.mark.django_db(transaction=True)
 def test_failing_tasks_are_retried_with_the_right_context_attempt(
-    workers: StartWorker,  # noqa: F811
+    workers: StartWorker,
     signal_log: Path,
 ) -> None:
     """A task failing twice then succeeding sees attempts 1, 2, 3 in its TaskContext; one
@@ -566,7 +560,7 @@ def test_failing_tasks_are_retried_with_the_right_context_attempt(
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_task_of_a_killed_worker_is_completed_by_another(
-    workers: StartWorker,  # noqa: F811
+    workers: StartWorker,
     tmp_path: Path,
 ) -> None:
     """SIGKILL mid-task: the lease expires, another worker runs attempt 2 to the end."""

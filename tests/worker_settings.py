@@ -1,4 +1,4 @@
-"""Settings of the worker subprocesses that tests/test_worker.py starts.
+"""Settings of the worker subprocesses that tests/workers.py starts.
 
 The test settings, plus every ``PGQUEUE_<NAME>`` environment variable read into
 ``PGQUEUE`` (JSON when it parses, else the string), the way demo_project does: each test
