@@ -54,11 +54,11 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from . import services
+from .decorators import Task as PgQueueTask
+from .decorators import task as pgqueue_task
 from .exceptions import InvalidJob, PermanentError
 from .models import Job, JobAttempt, Outcome, Status
 from .registry import TASK_NAME_RE, register_family
-from .registry import Task as PgQueueTask
-from .registry import task as pgqueue_task
 
 if django.VERSION >= (6, 0):
     from django.tasks import DEFAULT_TASK_QUEUE_NAME, task_backends
