@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "pgqueue"
 
 
@@ -51,7 +53,20 @@ def test_the_services_do_not_import_the_task_decorator() -> None:
     assert "pgqueue.services" in pgqueue_imports("pgqueue.decorators")
 
 
+#: The modules of pgqueue.backends, each allowed to import only those before it.
+BACKENDS = ["framework", "options", "results", "runner", "backend"]
+
+
+@pytest.mark.parametrize("position", range(len(BACKENDS)))
+def test_the_tasks_backend_modules_import_only_those_below(position: int) -> None:
+    module = f"pgqueue.backends.{BACKENDS[position]}"
+    siblings = {n for n in pgqueue_imports(module) if n.startswith("pgqueue.backends")}
+    below = {f"pgqueue.backends.{name}" for name in BACKENDS[:position]}
+    assert siblings <= below, f"{module} imports {sorted(siblings - below)}"
+
+
 def test_the_helper_sees_relative_and_lazy_imports() -> None:
     """Guards the guard: the parser must find what the tests above rely on it to find."""
+    assert "pgqueue.services" in pgqueue_imports("pgqueue.backends.options")  # from .. import
     assert "pgqueue.services" in pgqueue_imports("pgqueue.decorators")  # inside a method
     assert "pgqueue.backends" in pgqueue_imports("pgqueue.apps")  # inside ready()
