@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .decorators import Task, task
 from .exceptions import (
     InvalidJob,
     InvalidTransition,
@@ -27,7 +28,7 @@ from .exceptions import (
     PgQueueError,
     UnknownTask,
 )
-from .registry import Task, get_task, task
+from .registry import get_task
 
 if TYPE_CHECKING:
     from .services import Enqueued

@@ -8,7 +8,7 @@ from django.core.checks import Error, Tags, register
 from django.db import connections
 
 from .conf import DEFAULTS, pgqueue_settings
-from .scheduling import ORDERINGS
+from .fairness import ORDERINGS
 
 MIN_POSTGRES = 140000
 

@@ -74,7 +74,7 @@ class FairClock(models.Model):
 
     Each priority level of a queue is its own fair-queuing system (priority orders strictly
     before fairness), so a tenant's clock is kept per (queue, priority). ``vtime`` is the
-    virtual time of the tenant's most recently queued job there. See ``pgqueue.scheduling``.
+    virtual time of the tenant's most recently queued job there. See ``pgqueue.fairness``.
     """
 
     queue = models.CharField(max_length=NAME_MAX)

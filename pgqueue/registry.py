@@ -1,7 +1,10 @@
-"""The task registry: ``@pgqueue.task`` and lookup by name.
+"""The task registry: task name -> task, the lowest layer of the task machinery.
 
 Tasks are found when pgqueue's AppConfig imports each installed app's ``tasks`` module
 (``PGQUEUE["TASK_MODULES"]``), so a name enqueued from anywhere resolves in every process.
+``@pgqueue.task`` (``pgqueue.decorators``) registers them here. The registry imports no
+other part of pgqueue but its exceptions: the service layer looks tasks up here, so the
+registry must never reach up into it (tests/test_layers.py holds that).
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ TASK_NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}$")
 
 
 @dataclass(frozen=True)
-class Task:
-    """A registered task: its handler and the defaults its jobs get."""
+class RegisteredTask:
+    """A registered task: its handler and the defaults its jobs get.
+
+    ``pgqueue.Task``, which adds ``enqueue``, is the subclass users hold.
+    """
 
     name: str
     func: Handler
@@ -31,56 +37,28 @@ class Task:
     def __call__(self, payload: Any, job: Any) -> Any:
         return self.func(payload, job)
 
-    def enqueue(self, payload: Any = None, **options: Any) -> Any:
-        """``pgqueue.enqueue(this task, payload, **options)``."""
-        from .services import enqueue
 
-        return enqueue(self, payload, **options)
-
-    def enqueue_many(self, payloads: Any, **options: Any) -> Any:
-        from .services import enqueue_many
-
-        return enqueue_many(self, payloads, **options)
-
-
-_registry: dict[str, Task] = {}
+_registry: dict[str, RegisteredTask] = {}
 #: Handlers of whole families of names, ``"<family>:<anything>"``, named at enqueue time (the
 #: Django Tasks backend names each job ``"django.tasks:<function path>"``).
-_families: dict[str, Task] = {}
+_families: dict[str, RegisteredTask] = {}
 
 
-def task(
-    name: str | None = None,
-    *,
-    max_attempts: int | None = None,
-    queue: str | None = None,
-    priority: int | None = None,
-) -> Callable[[Handler], Task]:
-    """Register ``func(payload, job)`` as a task.
-
-    ``name`` defaults to ``module.function``. The options are defaults for the task's jobs;
-    an enqueue call may override each of them.
-    """
-
-    def register(func: Handler) -> Task:
-        task_name = name or f"{func.__module__}.{func.__qualname__}"
-        if not TASK_NAME_RE.match(task_name):
-            raise ValueError(f"invalid task name {task_name!r}: use [A-Za-z0-9_.:-], 1..200")
-        existing = _registry.get(task_name)
-        if (
-            existing is not None
-            and existing.func is not func
-            and not _same_function(existing.func, func)
-        ):
-            raise ValueError(
-                f"task name {task_name!r} is already registered by "
-                f"{existing.func.__module__}.{existing.func.__qualname__}"
-            )
-        registered = Task(task_name, func, max_attempts, queue, priority)
-        _registry[task_name] = registered
-        return registered
-
-    return register
+def register(task: RegisteredTask) -> None:
+    """Make ``task`` the task of its name; refuse a name another function holds."""
+    if not TASK_NAME_RE.match(task.name):
+        raise ValueError(f"invalid task name {task.name!r}: use [A-Za-z0-9_.:-], 1..200")
+    existing = _registry.get(task.name)
+    if (
+        existing is not None
+        and existing.func is not task.func
+        and not _same_function(existing.func, task.func)
+    ):
+        raise ValueError(
+            f"task name {task.name!r} is already registered by "
+            f"{existing.func.__module__}.{existing.func.__qualname__}"
+        )
+    _registry[task.name] = task
 
 
 def _same_function(a: Handler, b: Handler) -> bool:
@@ -88,12 +66,12 @@ def _same_function(a: Handler, b: Handler) -> bool:
     return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
 
 
-def register_family(family: str, task: Task) -> None:
+def register_family(family: str, task: RegisteredTask) -> None:
     """Resolve every valid name ``"<family>:<rest>"`` to ``task``'s handler, under that name."""
     _families[family] = task
 
 
-def get_task(name: str) -> Task:
+def get_task(name: str) -> RegisteredTask:
     registered = _registry.get(name)
     if registered is not None:
         return registered
@@ -103,7 +81,7 @@ def get_task(name: str) -> Task:
     raise UnknownTask(name)
 
 
-def registered_tasks() -> dict[str, Task]:
+def registered_tasks() -> dict[str, RegisteredTask]:
     return dict(_registry)
 
 

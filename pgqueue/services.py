@@ -25,7 +25,7 @@ from . import store
 from .conf import pgqueue_settings
 from .exceptions import InvalidJob, InvalidTransition, JobNotFound, PayloadTooLarge
 from .models import ApiKey, Job, Status, Tenant
-from .registry import Task, get_task
+from .registry import RegisteredTask, get_task
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MAX_DELAY_SECONDS = 365 * 24 * 3600
@@ -147,7 +147,7 @@ def encode_payload(payload: Any, field_name: str = "payload") -> str:
 
 
 def resolve_options(
-    task: Task | str,
+    task: RegisteredTask | str,
     *,
     tenant: str | None = None,
     queue: str | None = None,
@@ -160,7 +160,7 @@ def resolve_options(
     """Validate an enqueue call's options and fill in the task's and settings' defaults."""
     if isinstance(task, str):
         task = get_task(task)
-    elif not isinstance(task, Task):
+    elif not isinstance(task, RegisteredTask):
         raise InvalidJob("task", "must be a task name or a @pgqueue.task function")
     s = pgqueue_settings
     if idempotency_key is not None and (
@@ -204,7 +204,7 @@ def _first(*values: Any) -> Any:
 
 
 def enqueue(
-    task: Task | str,
+    task: RegisteredTask | str,
     payload: Any = None,
     *,
     tenant: str | None = None,
@@ -254,7 +254,7 @@ def enqueue(
 
 
 def enqueue_many(
-    task: Task | str,
+    task: RegisteredTask | str,
     payloads: Iterable[Any],
     *,
     tenant: str | None = None,

@@ -1,8 +1,8 @@
 """Every statement of pgqueue's hot paths, named Entity + Verb, in one place.
 
 Each statement says what it locks, which index serves it and who calls it. Parameters are
-bound by the driver (``%(name)s``), never formatted in. The scheduling policy's fragments
-come from ``pgqueue.scheduling`` and are fixed SQL built at import time.
+bound by the driver (``%(name)s``), never formatted in. The fairness policy's fragments
+come from ``pgqueue.fairness`` and are fixed SQL built at import time.
 
 Conventions:
 - ``%(now)s`` is an optional timestamp that tests inject instead of sleeping; NULL means
@@ -15,7 +15,7 @@ Conventions:
 
 from __future__ import annotations
 
-from .scheduling import job_vtime, level_head, tenant_weight
+from .fairness import job_vtime, level_head, tenant_weight
 
 NOW = "COALESCE(%(now)s::timestamptz, now())"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from . import sql
 from .conf import pgqueue_settings
-from .scheduling import fifo_param
+from .fairness import fifo_param
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The scheduling policy: which job runs next.
+"""The fairness policy: which job runs next.
 
 pgqueue orders runnable jobs by ``priority DESC, vtime, id`` and never changes that order
 in the claim: all of the policy is in how ``vtime`` is assigned when a job becomes
