@@ -171,46 +171,47 @@ class WorkerLoop:
         if not self.pending and not want:
             return False
         assert self.db is not None
-        claimed: list[store.ClaimedJob] = []
         successes, failures = self._split(self.pending)
-        if want and not failures:
-            # The steady state: one statement records and claims (one round trip, one commit).
-            with self.db.cursor() as cur:
-                if successes:
-                    recorded, claimed = store.complete_and_claim(
-                        cur,
-                        worker=self.id,
-                        results=successes,
-                        queues=self.queues,
-                        limit=want,
-                        lease_seconds=self.lease,
-                    )
-                else:
-                    recorded = set()
-                    claimed = store.claim(
-                        cur,
-                        worker=self.id,
-                        queues=self.queues,
-                        limit=want,
-                        lease_seconds=self.lease,
-                    )
-        else:
-            with self.db.transaction(), self.db.cursor() as cur:
+        # The steady state, nothing failed: one statement records the successes and claims
+        # (one round trip, one commit). A failure is written by a statement of its own; then
+        # the outcomes are written first and the claim follows, in one transaction.
+        fused = bool(want) and not failures
+        recorded: set[int] = set()
+        claimed: list[store.ClaimedJob] = []
+        atomic = contextlib.nullcontext() if fused else self.db.transaction()
+        with atomic, self.db.cursor() as cur:
+            if not fused:
                 recorded = self._record(cur, self.pending)
-                if want:
-                    claimed = store.claim(
-                        cur,
-                        worker=self.id,
-                        queues=self.queues,
-                        limit=want,
-                        lease_seconds=self.lease,
-                    )
+            if want:
+                recorded_too, claimed = self._claim(cur, want, successes if fused else [])
+                recorded |= recorded_too
         # Committed: the outcomes are durable and the claims are ours.
         self._log_outcomes(self.pending, recorded)
         self.pending = []
         self._dispatch(claimed)
         self._burst_idle = want > 0 and not claimed
         return bool(want) and len(claimed) == want
+
+    def _claim(
+        self, cur: Any, want: int, successes: list[tuple[int, int, str | None]]
+    ) -> tuple[set[int], list[store.ClaimedJob]]:
+        """Claim up to ``want`` jobs, recording ``successes`` in the same statement.
+
+        Returns the ids recorded (the others were fenced out) and the jobs claimed.
+        """
+        if successes:
+            return store.complete_and_claim(
+                cur,
+                worker=self.id,
+                results=successes,
+                queues=self.queues,
+                limit=want,
+                lease_seconds=self.lease,
+            )
+        claimed = store.claim(
+            cur, worker=self.id, queues=self.queues, limit=want, lease_seconds=self.lease
+        )
+        return set(), claimed
 
     _released = False
 
