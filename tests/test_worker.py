@@ -28,7 +28,7 @@ import pgqueue
 from pgqueue import store
 from pgqueue.models import Job, JobAttempt
 from pgqueue.models import Worker as WorkerRow
-from pgqueue.worker import Worker
+from pgqueue.worker import WorkerLoop
 from tests.taskapp.tasks import GATES
 from tests.workers import (
     FAST_RECOVERY,
@@ -292,7 +292,7 @@ def test_second_sigterm_exits_at_once_with_status_1(workers: StartWorker, tmp_pa
 def test_stop_releases_claimed_but_unstarted_jobs() -> None:
     """On stop, a job claimed but not started is given back at once, keeping its place.
 
-    In-process, with the Worker's own methods: one executor thread, two jobs claimed; the
+    In-process, with the WorkerLoop's own methods: one executor thread, two jobs claimed; the
     first blocks on an event, so the second waits in the executor, unstarted. After
     request_stop(), _release_unstarted() must put the second back to queued with the
     attempt not counted and its old vtime (no lease to wait out, no lost place in the
@@ -304,7 +304,7 @@ def test_stop_releases_claimed_but_unstarted_jobs() -> None:
     second, _ = pgqueue.enqueue("test.noop", {}, tenant="acme", queue="q")
     vtime = Job.objects.get(pk=second.id).vtime
 
-    worker = Worker(queues=["q"], concurrency=1)
+    worker = WorkerLoop(queues=["q"], concurrency=1)
     try:
         worker._connect_until_up()
         assert worker.db is not None
@@ -350,7 +350,7 @@ def test_request_stop_is_safe_in_a_signal_handler() -> None:
     blocked, and unblocked while holding wake_event's lock. A handler that needs that lock
     again waits for itself forever; an alarm after 2 s turns that into a failure.
     """
-    worker = Worker(queues=["q"], concurrency=1)
+    worker = WorkerLoop(queues=["q"], concurrency=1)
 
     def on_alarm(signum: int, frame: object) -> None:
         raise TimeoutError("the signal handler is stuck")

@@ -1,11 +1,14 @@
 """The worker runtime behind ``manage.py runworker``.
 
-One module per duty: ``runtime`` (the claim/run/record loop of one process), ``listener``
-(LISTEN/NOTIFY wake-ups), ``maintenance`` (reaping expired leases, promoting due jobs),
-``supervisor`` (several processes under one parent), ``context`` (what a handler sees).
+One module per duty: ``runtime`` (``WorkerLoop``, the loop of one process: claim for free
+slots, record outcomes, heartbeats, shutdown), ``executor`` (running one job's handler on a
+thread and turning its return or raise into a ``HandlerOutcome``), ``listener``
+(LISTEN/NOTIFY wake-ups), ``maintenance`` (rescuing expired leases, promoting due jobs,
+pruning dead worker rows, folding task stats), ``supervisor`` (several processes under one
+parent), ``context`` (what a handler sees) and ``connection`` (the worker's own connections).
 """
 
 from .context import JobContext
-from .runtime import Worker
+from .runtime import WorkerLoop
 
-__all__ = ["JobContext", "Worker"]
+__all__ = ["JobContext", "WorkerLoop"]

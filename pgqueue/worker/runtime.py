@@ -1,18 +1,16 @@
-"""The worker process: claim for free slots, run handlers on threads, record in batches.
+"""The loop of one worker process: claim for free slots, record outcomes in batches.
 
 One thread (the loop) owns the bookkeeping connection and does every database write of
-the worker: claims, completions, failures, heartbeats and maintenance. Handlers run on an
-executor of ``concurrency`` threads and hand their outcomes back through a queue. Each
-turn of the loop records every outcome that has arrived and claims as many jobs as there
-are idle slots, in one transaction: one commit carries as many jobs as it can, because the
-commit (the WAL flush), not the CPU, is what a job queue on PostgreSQL waits for.
+the worker: claims, completions, failures, heartbeats and maintenance. Handlers run on the
+``executor`` module's ``concurrency`` threads and hand their outcomes back through a queue.
+Each turn of the loop records every outcome that has arrived and claims as many jobs as
+there are idle slots, in one transaction: one commit carries as many jobs as it can,
+because the commit (the WAL flush), not the CPU, is what a job queue on PostgreSQL waits for.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import logging
 import os
 import queue
@@ -20,21 +18,16 @@ import random
 import socket
 import threading
 import time
-import traceback
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from django.db import close_old_connections
 
 from .. import store
 from ..conf import pgqueue_settings
-from ..exceptions import PermanentError
-from ..registry import get_task
 from .connection import connect, connect_params
 from .context import JobContext
+from .executor import HandlerOutcome, JobExecutor
 from .listener import Listener
 from .maintenance import run_maintenance
 
@@ -44,27 +37,8 @@ logger = logging.getLogger("pgqueue.worker")
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
-@dataclass(slots=True)
-class Outcome:
-    """How one run of a handler ended, waiting to be recorded."""
-
-    ctx: JobContext
-    ok: bool
-    result_json: str | None = None
-    error: str | None = None
-    traceback: str | None = None
-    permanent: bool = False
-    duration: float = 0.0
-
-
-def _encode_result(value: Any) -> str | None:
-    if value is None:
-        return None
-    return json.dumps(value, allow_nan=False, separators=(",", ":"))
-
-
-class Worker:
-    """One worker process. ``run()`` returns the process exit status."""
+class WorkerLoop:
+    """The loop of one worker process. ``run()`` returns the process exit status."""
 
     def __init__(
         self,
@@ -93,12 +67,17 @@ class Worker:
 
         self.params = connect_params(alias, application_name=f"pgqueue worker {self.id}"[:63])
         self.db: psycopg.Connection | None = None
-        self.executor = ThreadPoolExecutor(concurrency, thread_name_prefix="pgqueue-job")
-        self.outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self.outcomes: queue.SimpleQueue[HandlerOutcome] = queue.SimpleQueue()
+        self.executor = JobExecutor(
+            concurrency,
+            worker_id=self.id,
+            heartbeat=self._request_heartbeat,
+            deliver=self._deliver,
+        )
         self.wake_event = threading.Event()
         self.stopping = threading.Event()
         self.in_flight: dict[int, JobContext] = {}
-        self.pending: list[Outcome] = []  # taken from the queue, not yet recorded
+        self.pending: list[HandlerOutcome] = []  # taken from the queue, not yet recorded
         self.claimed_total = 0
         self.finished_total = 0
         self._heartbeat_requested = threading.Event()
@@ -192,46 +171,47 @@ class Worker:
         if not self.pending and not want:
             return False
         assert self.db is not None
-        claimed: list[store.ClaimedJob] = []
         successes, failures = self._split(self.pending)
-        if want and not failures:
-            # The steady state: one statement records and claims (one round trip, one commit).
-            with self.db.cursor() as cur:
-                if successes:
-                    recorded, claimed = store.complete_and_claim(
-                        cur,
-                        worker=self.id,
-                        results=successes,
-                        queues=self.queues,
-                        limit=want,
-                        lease_seconds=self.lease,
-                    )
-                else:
-                    recorded = set()
-                    claimed = store.claim(
-                        cur,
-                        worker=self.id,
-                        queues=self.queues,
-                        limit=want,
-                        lease_seconds=self.lease,
-                    )
-        else:
-            with self.db.transaction(), self.db.cursor() as cur:
+        # The steady state, nothing failed: one statement records the successes and claims
+        # (one round trip, one commit). A failure is written by a statement of its own; then
+        # the outcomes are written first and the claim follows, in one transaction.
+        fused = bool(want) and not failures
+        recorded: set[int] = set()
+        claimed: list[store.ClaimedJob] = []
+        atomic = contextlib.nullcontext() if fused else self.db.transaction()
+        with atomic, self.db.cursor() as cur:
+            if not fused:
                 recorded = self._record(cur, self.pending)
-                if want:
-                    claimed = store.claim(
-                        cur,
-                        worker=self.id,
-                        queues=self.queues,
-                        limit=want,
-                        lease_seconds=self.lease,
-                    )
+            if want:
+                recorded_too, claimed = self._claim(cur, want, successes if fused else [])
+                recorded |= recorded_too
         # Committed: the outcomes are durable and the claims are ours.
         self._log_outcomes(self.pending, recorded)
         self.pending = []
         self._dispatch(claimed)
         self._burst_idle = want > 0 and not claimed
         return bool(want) and len(claimed) == want
+
+    def _claim(
+        self, cur: Any, want: int, successes: list[tuple[int, int, str | None]]
+    ) -> tuple[set[int], list[store.ClaimedJob]]:
+        """Claim up to ``want`` jobs, recording ``successes`` in the same statement.
+
+        Returns the ids recorded (the others were fenced out) and the jobs claimed.
+        """
+        if successes:
+            return store.complete_and_claim(
+                cur,
+                worker=self.id,
+                results=successes,
+                queues=self.queues,
+                limit=want,
+                lease_seconds=self.lease,
+            )
+        claimed = store.claim(
+            cur, worker=self.id, queues=self.queues, limit=want, lease_seconds=self.lease
+        )
+        return set(), claimed
 
     _released = False
 
@@ -308,7 +288,7 @@ class Worker:
 
     @staticmethod
     def _split(
-        outcomes: list[Outcome],
+        outcomes: list[HandlerOutcome],
     ) -> tuple[list[tuple[int, int, str | None]], list[store.Failure]]:
         """Successes and failures to write; a lost job's outcome is not written at all."""
         successes = [
@@ -321,7 +301,7 @@ class Worker:
         ]
         return successes, failures
 
-    def _record(self, cur: Any, outcomes: list[Outcome]) -> set[int]:
+    def _record(self, cur: Any, outcomes: list[HandlerOutcome]) -> set[int]:
         """Write outcomes (fenced); returns the ids whose outcome was recorded."""
         successes, failures = self._split(outcomes)
         recorded: set[int] = set()
@@ -331,7 +311,7 @@ class Worker:
             recorded |= set(store.fail_many(cur, worker=self.id, failures=failures))
         return recorded
 
-    def _log_outcomes(self, outcomes: list[Outcome], recorded: set[int]) -> None:
+    def _log_outcomes(self, outcomes: list[HandlerOutcome], recorded: set[int]) -> None:
         for o in outcomes:
             self.finished_total += 1
             ctx = o.ctx
@@ -362,57 +342,15 @@ class Worker:
                     "" if o.ok else f" error={o.error!r}",
                 )
 
-    # -- running handlers -----------------------------------------------------------------
+    # -- handing jobs to the executor -----------------------------------------------------
 
     def _dispatch(self, claimed: list[store.ClaimedJob]) -> None:
         for job in claimed:
-            ctx = JobContext(
-                id=job.id,
-                task=job.task,
-                payload=job.payload,
-                tenant=job.tenant,
-                queue=job.queue,
-                priority=job.priority,
-                attempt=job.attempt,
-                max_attempts=job.max_attempts,
-                worker_id=self.id,
-                heartbeat=self._request_heartbeat,
-            )
-            self.in_flight[job.id] = ctx
+            self.in_flight[job.id] = self.executor.start(job)
             self.claimed_total += 1
-            ctx.future = self.executor.submit(self._execute, ctx)
-            ctx.future.add_done_callback(functools.partial(self._on_done, ctx))
 
-    def _execute(self, ctx: JobContext) -> Outcome:
-        ctx.started = True
-        started = time.perf_counter()
-        outcome = Outcome(ctx, ok=False)
-        try:
-            value = get_task(ctx.task).func(ctx.payload, ctx)
-            try:
-                outcome.result_json = _encode_result(value)
-                outcome.ok = True
-            except (TypeError, ValueError) as exc:
-                # The same code would return the same thing again: retrying cannot help.
-                outcome.error = f"result is not JSON-serialisable: {exc}"
-                outcome.permanent = True
-        except PermanentError as exc:
-            outcome.error, outcome.permanent = _describe(exc), True
-            outcome.traceback = traceback.format_exc()
-        except Exception as exc:
-            outcome.error = _describe(exc)
-            outcome.traceback = traceback.format_exc()
-        finally:
-            outcome.duration = time.perf_counter() - started
-            close_old_connections()
-        return outcome
-
-    def _on_done(self, ctx: JobContext, future: Future) -> None:
-        """Hand the outcome to the loop; also covers a handler that raised SystemExit."""
-        if future.cancelled():
-            return
-        exc = future.exception()  # a BaseException that escaped _execute, e.g. sys.exit()
-        outcome = future.result() if exc is None else Outcome(ctx, ok=False, error=_describe(exc))
+    def _deliver(self, outcome: HandlerOutcome) -> None:
+        """Called on a handler thread when a job ends: the loop records it next turn."""
         self.outcomes.put(outcome)
         self.wake_event.set()
 
@@ -507,9 +445,3 @@ class Worker:
         if self.db is not None:
             self.db.close()
         logger.info("event=worker_stopped worker=%s jobs=%d", self.id, self.finished_total)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    name = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
-    return f"{name}: {text}" if text else name

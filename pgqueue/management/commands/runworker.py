@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from pgqueue.conf import pgqueue_settings
-from pgqueue.worker import Worker
+from pgqueue.worker import WorkerLoop
 from pgqueue.worker.supervisor import Supervisor, child_command
 
 
@@ -75,7 +75,7 @@ class Command(BaseCommand):
             )
             sys.exit(supervisor.run())
 
-        worker = Worker(
+        worker = WorkerLoop(
             queues=queues,
             concurrency=options["concurrency"],
             batch_size=options["batch_size"],
