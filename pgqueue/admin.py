@@ -26,6 +26,7 @@ from django.utils.html import format_html
 
 from . import services
 from .conf import pgqueue_settings
+from .durations import format_seconds
 from .models import ApiKey, Dashboard, FairClock, Job, JobAttempt, Status, Tenant, Worker
 from .registry import registered_tasks
 
@@ -81,20 +82,6 @@ class EstimatedCountPaginator(Paginator):
             counted = qs.order_by()[: COUNT_BOUND + 1].count()
             return BoundedCount(counted) if counted > COUNT_BOUND else counted
         return len(qs)
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.0f} h"
-    return f"{seconds / 86400:.0f} d"
 
 
 def _pretty_json(value: Any) -> str:
@@ -288,14 +275,14 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="age", ordering="created_at")
     def age(self, obj: Job) -> str:
-        return _duration((timezone.now() - obj.created_at).total_seconds())
+        return format_seconds((timezone.now() - obj.created_at).total_seconds())
 
     @admin.display(description="run time")
     def run_time(self, obj: Job) -> str:
         if obj.started_at is None:
             return "—"
         end = obj.finished_at or (timezone.now() if obj.status == Status.RUNNING else None)
-        return _duration((end - obj.started_at).total_seconds()) if end else "—"
+        return format_seconds((end - obj.started_at).total_seconds()) if end else "—"
 
     @admin.display(description="payload")
     def payload_pretty(self, obj: Job) -> str:

@@ -47,6 +47,7 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 
 from .conf import pgqueue_settings
+from .durations import format_seconds
 from .models import Job, JobAttempt, Outcome, Status, Worker
 
 TEMPLATE = "admin/pgqueue/dashboard.html"
@@ -71,28 +72,6 @@ class Bucket:
     minute: dt.datetime  # the start of the minute, in UTC
     done: int
     failed: int  # failed + lease_expired
-
-
-def format_seconds(seconds: float | None) -> str:
-    """A duration as an operator reads it at a glance: "850 ms", "42 s", "3 min 5 s", "2 h 4 min".
-
-    Exact values stay in the data (``*_seconds``); this is only for the page.
-    """
-    if seconds is None:
-        return "—"
-    seconds = max(0.0, float(seconds))
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 10:
-        return f"{seconds:.2f} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    whole = int(seconds)
-    if whole < 3600:
-        return f"{whole // 60} min {whole % 60} s"
-    if whole < 86400:
-        return f"{whole // 3600} h {whole % 3600 // 60} min"
-    return f"{whole // 86400} d {whole % 86400 // 3600} h"
 
 
 def window(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:

@@ -35,8 +35,8 @@ TENANTS = "/admin/pgqueue/tenant/"
 WORKERS = "/admin/pgqueue/worker/"
 KEYS = "/admin/pgqueue/apikey/"
 
-#: What ``_duration`` prints: "12 ms", "3.4 s", "5 min", "2 h", "3 d".
-DURATION = re.compile(r"^\d+(\.\d)? (ms|s|min|h|d)$")
+#: What ``format_seconds`` prints: "12 ms", "3.40 s", "42 s", "5 min 3 s", "2 h 4 min", "3 d 1 h".
+DURATION = re.compile(r"^(\d+ ms|\d\.\d\d s|\d+ s|\d+ min \d+ s|\d+ h \d+ min|\d+ d \d+ h)$")
 
 
 # -- helpers ------------------------------------------------------------------------------

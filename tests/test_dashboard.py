@@ -16,8 +16,9 @@ from django.urls import resolve, reverse
 from django.utils import timezone
 
 import pgqueue
-from pgqueue import dashboard, services, store
+from pgqueue import services, store
 from pgqueue.dashboard import Bucket, dashboard_data, dashboard_view, throughput_chart_svg
+from pgqueue.durations import format_seconds
 from pgqueue.models import Job, JobAttempt, Worker
 from tests.conftest import claim, complete, fail
 
@@ -306,7 +307,7 @@ class TestChart:
 
 
 def test_format_seconds():
-    f = dashboard.format_seconds
+    f = format_seconds
     assert [f(None), f(0.25), f(4.5), f(42), f(185), f(7440), f(90000)] == [
         "—",
         "250 ms",
