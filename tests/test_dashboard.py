@@ -17,7 +17,8 @@ from django.utils import timezone
 
 import pgqueue
 from pgqueue import services, store
-from pgqueue.dashboard import Bucket, dashboard_data, dashboard_view, throughput_chart_svg
+from pgqueue.chart import throughput_chart_svg
+from pgqueue.dashboard import Bucket, dashboard_data, dashboard_view
 from pgqueue.durations import format_seconds
 from pgqueue.models import Job, JobAttempt, Worker
 from tests.conftest import claim, complete, fail
