@@ -17,15 +17,13 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
-from django.db import connections
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Q, QuerySet
 from django.urls import path
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from . import services
-from .conf import pgqueue_settings
+from . import reads, services
 from .durations import format_seconds
 from .models import ApiKey, Dashboard, FairClock, Job, JobAttempt, Status, Tenant, Worker
 from .registry import registered_tasks
@@ -41,6 +39,9 @@ STATUS_COLOURS = {
     Status.DEAD: "#dc3545",
     Status.CANCELLED: "#495057",
 }
+
+
+WORKER_STATE_COLOURS = {"alive": "#198754", "stale": "#dc3545", "stopped": "#6c757d"}
 
 
 class BoundedCount(int):
@@ -70,14 +71,9 @@ class EstimatedCountPaginator(Paginator):
     def count(self) -> int:
         qs = self.object_list
         if isinstance(qs, QuerySet) and not qs.query.where:
-            with connections[qs.db].cursor() as cursor:
-                cursor.execute(
-                    "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
-                    [qs.model._meta.db_table],
-                )
-                row = cursor.fetchone()
-            if row and row[0] > COUNT_BOUND:
-                return int(row[0])
+            estimate = reads.row_estimate(qs.model._meta.db_table, using=qs.db)
+            if estimate is not None and estimate > COUNT_BOUND:
+                return estimate
         if isinstance(qs, QuerySet):
             counted = qs.order_by()[: COUNT_BOUND + 1].count()
             return BoundedCount(counted) if counted > COUNT_BOUND else counted
@@ -344,27 +340,7 @@ class TenantAdmin(admin.ModelAdmin):
         # Counts for the tenants of one page (index pgqueue_job_tenant_status), and their
         # share of the jobs done in the last hour (index pgqueue_attempt_finished).
         since = timezone.now() - dt.timedelta(hours=1)
-        done_last_hour = JobAttempt.objects.filter(finished_at__gte=since, outcome="done")
-        per_tenant = (
-            done_last_hour.filter(job__tenant_id=OuterRef("name"))
-            .order_by()
-            .values("job__tenant_id")
-            .annotate(n=Count("id"))
-            .values("n")
-        )
-        total = done_last_hour.order_by().values("outcome").annotate(n=Count("id")).values("n")
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(
-                n_backlog=Count("jobs", filter=Q(jobs__status__in=["queued", "scheduled"])),
-                n_running=Count("jobs", filter=Q(jobs__status="running")),
-                n_done=Count("jobs", filter=Q(jobs__status="done")),
-                n_dead=Count("jobs", filter=Q(jobs__status="dead")),
-                n_hour=Subquery(per_tenant),
-                n_hour_total=Subquery(total),
-            )
-        )
+        return reads.tenant_done_share(reads.tenant_counts(super().get_queryset(request)), since)
 
     def get_readonly_fields(self, request: Any, obj: Any = None) -> list[str]:
         return ["name"] if obj is not None else []
@@ -435,14 +411,8 @@ class WorkerAdmin(ViewOnlyAdmin):
 
     @admin.display(description="state")
     def state(self, obj: Worker) -> str:
-        if obj.stopped_at is not None:
-            label, colour = "stopped", "#6c757d"
-        elif timezone.now() - obj.last_seen_at <= dt.timedelta(
-            seconds=float(pgqueue_settings.LEASE_SECONDS)
-        ):
-            label, colour = "alive", "#198754"
-        else:
-            label, colour = "stale", "#dc3545"
+        label = reads.worker_state(obj.stopped_at, obj.last_seen_at, timezone.now())
+        colour = WORKER_STATE_COLOURS[label]
         return format_html('<b style="color:{}">{}</b>', colour, label)
 
 

@@ -12,7 +12,7 @@ from html import escape
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .dashboard import Bucket
+    from .reads import Bucket
 
 CHART_WIDTH = 600
 CHART_HEIGHT = 240

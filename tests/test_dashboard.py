@@ -18,9 +18,10 @@ from django.utils import timezone
 import pgqueue
 from pgqueue import services, store
 from pgqueue.chart import throughput_chart_svg
-from pgqueue.dashboard import Bucket, dashboard_data, dashboard_view
+from pgqueue.dashboard import dashboard_data, dashboard_view
 from pgqueue.durations import format_seconds
 from pgqueue.models import Job, JobAttempt, Worker
+from pgqueue.reads import Bucket
 from tests.conftest import claim, complete, fail
 
 DASHBOARD_URL = "/admin/pgqueue/dashboard/"
