@@ -2,8 +2,8 @@
 
 The admin serves ``dashboard_view`` at ``/admin/pgqueue/dashboard/`` (staff only). The page
 re-reads everything on each refresh (every ``REFRESH_SECONDS``, by a ``<meta>`` refresh: no
-script, no request leaves this server), so each query here must stay cheap however large the
-job table grows. Every query states its cost next to it. In short:
+script, no request leaves this server), so each read must stay cheap however large the job
+table grows. The reads are ``pgqueue.reads``'s, which state their costs. In short:
 
 * one sequential scan of ``pgqueue_job`` for the counts by status (the finished statuses
   are as large as the history; counting them exactly is the point of that tile);
@@ -14,40 +14,25 @@ job table grows. Every query states its cost next to it. In short:
 * ``pgqueue_worker``, which maintenance keeps to the workers seen within a day.
 
 The number of queries is fixed (seven), whatever the number of jobs, tenants or queues.
-The data is gathered by ``dashboard_data`` and drawn by ``throughput_chart_svg`` so both can
-be tested without a browser.
+The data is gathered by ``dashboard_data`` and drawn by ``pgqueue.chart`` so both can be
+tested without a browser.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass
-from html import escape
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.db import connections
-from django.db.models import (
-    Avg,
-    BooleanField,
-    Count,
-    DurationField,
-    ExpressionWrapper,
-    F,
-    Max,
-    Min,
-    Q,
-)
-from django.db.models.functions import TruncMinute
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 
-from .conf import pgqueue_settings
-from .models import Job, JobAttempt, Outcome, Status, Worker
+from . import reads
+from .chart import throughput_chart_svg
+from .durations import format_seconds
+from .models import Status
 
 TEMPLATE = "admin/pgqueue/dashboard.html"
 #: Seconds between the page's own reloads.
@@ -61,39 +46,6 @@ TOP_TASKS = 10
 #: Most workers listed (the alive first); the counts above the list cover them all.
 WORKERS_SHOWN = 50
 
-FAILED_OUTCOMES = (Outcome.FAILED, Outcome.LEASE_EXPIRED)
-
-
-@dataclass(frozen=True, slots=True)
-class Bucket:
-    """One minute of the throughput chart: attempts that finished within it."""
-
-    minute: dt.datetime  # the start of the minute, in UTC
-    done: int
-    failed: int  # failed + lease_expired
-
-
-def format_seconds(seconds: float | None) -> str:
-    """A duration as an operator reads it at a glance: "850 ms", "42 s", "3 min 5 s", "2 h 4 min".
-
-    Exact values stay in the data (``*_seconds``); this is only for the page.
-    """
-    if seconds is None:
-        return "—"
-    seconds = max(0.0, float(seconds))
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 10:
-        return f"{seconds:.2f} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    whole = int(seconds)
-    if whole < 3600:
-        return f"{whole // 60} min {whole % 60} s"
-    if whole < 86400:
-        return f"{whole // 3600} h {whole % 3600 // 60} min"
-    return f"{whole // 86400} d {whole % 86400 // 3600} h"
-
 
 def window(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
     """The "last hour" every section uses: the ``WINDOW_MINUTES`` whole minutes up to and
@@ -102,234 +54,95 @@ def window(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
     return end - dt.timedelta(minutes=WINDOW_MINUTES), end
 
 
-# -- the sections ------------------------------------------------------------------------
+# -- the sections: the read side's figures, with the strings the page prints ----------------
 
 
-def status_counts(*, using: str = "default") -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-    """Jobs by status, overall and by queue: ``(totals, {queue: {status: n}})``.
-
-    Cost: one sequential scan of pgqueue_job (a GROUP BY over every row), the only query of
-    the page that grows with the history; grouping by queue as well costs nothing more.
-    """
+def _queues(now: dt.datetime, using: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Jobs by status overall, and each queue's counts (every status, zeros included) with
+    the age of its oldest runnable job."""
+    by_queue = reads.job_counts(using=using)
+    oldest = reads.oldest_runnable(using=using)
     totals = dict.fromkeys(Status.values, 0)
-    queues: dict[str, dict[str, int]] = {}
-    rows = Job.objects.using(using).values_list("queue", "status").annotate(n=Count("id"))
-    for queue, status, n in rows.order_by():
-        totals[status] = totals.get(status, 0) + n
-        queues.setdefault(queue, dict.fromkeys(Status.values, 0))[status] = n
+    for counts in by_queue.values():
+        for status, n in counts.items():
+            totals[status] = totals.get(status, 0) + n
+    queues = []
+    for name in sorted(set(by_queue) | set(oldest)):
+        queued_at = oldest.get(name)
+        age = max(0.0, (now - queued_at).total_seconds()) if queued_at else None
+        queues.append(
+            {
+                "queue": name,
+                "counts": {**dict.fromkeys(Status.values, 0), **by_queue.get(name, {})},
+                "oldest_queued_at": queued_at,
+                "oldest_age_seconds": age,
+                "oldest_age": format_seconds(age),
+            }
+        )
     return totals, queues
 
 
-def oldest_runnable(*, using: str = "default") -> dict[str, dt.datetime]:
-    """When the oldest queued job of each queue became runnable (its ``run_at``).
-
-    Cost: the queued rows only, which the partial index pgqueue_job_claim covers; bounded by
-    the runnable backlog, not by the history.
-    """
-    rows = (
-        Job.objects.using(using)
-        .filter(status=Status.QUEUED)
-        .values("queue")
-        .annotate(oldest=Min("run_at"))
-        .values_list("queue", "oldest")
-        .order_by()
-    )
-    return dict(rows)
-
-
-#: Top tenants by backlog, with their weights and their share of the done attempts.
-#: Cost: the queued and scheduled rows only, through a BitmapOr of the partial indexes
-#: pgqueue_job_claim and pgqueue_job_scheduled (written as OR: the planner matches partial
-#: indexes to the arms of an OR, not to an IN list, which would scan the whole table); the
-#: window's done attempts through pgqueue_attempt_finished, joined to their jobs (by primary
-#: key, or by one hashed scan when the planner reckons the hour a large part of the table);
-#: lookups for the (at most TOP_TENANTS) tenants' weights and per-queue weights.
-TENANT_BACKLOG_SQL = """
-WITH backlog AS (
-    SELECT tenant,
-           count(*) FILTER (WHERE status = 'queued') AS queued,
-           count(*) FILTER (WHERE status = 'scheduled') AS scheduled,
-           count(*) AS backlog
-      FROM pgqueue_job
-     WHERE status = 'queued' OR status = 'scheduled'
-     GROUP BY tenant
-     ORDER BY backlog DESC, tenant
-     LIMIT %(limit)s
-), done AS (
-    SELECT j.tenant, count(*) AS n
-      FROM pgqueue_job_attempt a
-      JOIN pgqueue_job j ON j.id = a.job_id
-     WHERE a.outcome = 'done' AND a.finished_at >= %(since)s AND a.finished_at < %(until)s
-     GROUP BY j.tenant
-)
-SELECT b.tenant, b.queued, b.scheduled, b.backlog, t.weight,
-       ARRAY(SELECT qw.queue FROM pgqueue_queue_weight qw
-              WHERE qw.tenant = b.tenant ORDER BY qw.queue),
-       ARRAY(SELECT qw.weight FROM pgqueue_queue_weight qw
-              WHERE qw.tenant = b.tenant ORDER BY qw.queue),
-       COALESCE(d.n, 0),
-       (SELECT COALESCE(sum(n), 0) FROM done)
-  FROM backlog b
-  LEFT JOIN pgqueue_tenant t ON t.name = b.tenant
-  LEFT JOIN done d ON d.tenant = b.tenant
- ORDER BY b.backlog DESC, b.tenant
-"""
-
-
-def tenant_backlog(
-    since: dt.datetime, until: dt.datetime, *, using: str = "default"
+def _tenants(
+    since: dt.datetime, until: dt.datetime, using: str
 ) -> tuple[list[dict[str, Any]], int]:
-    """The ``TOP_TENANTS`` tenants with the most queued + scheduled jobs, and the number of
-    jobs done in the window (all tenants), in one statement (see ``TENANT_BACKLOG_SQL``).
+    """The ``TOP_TENANTS`` tenants with the most queued + scheduled jobs, and the jobs done
+    in the window (all tenants).
 
     A tenant's ``done_share`` is its fraction of those done jobs: next to its weight it shows
     whether fair scheduling gives each busy tenant what its weight promises.
     """
-    params = {"limit": TOP_TENANTS, "since": since, "until": until}
-    with connections[using].cursor() as cursor:
-        cursor.execute(TENANT_BACKLOG_SQL, params)
-        rows = cursor.fetchall()
-    done_total = int(rows[0][8]) if rows else 0
-    tenants = [
-        {
-            "name": name,
-            "queued": queued,
-            "scheduled": scheduled,
-            "backlog": backlog,
-            # A job's tenant row is created with it; a missing one would weigh the default.
-            "weight": weight if weight is not None else 1.0,
-            "queue_weights": dict(zip(qw_queues, qw_weights, strict=True)),
-            "weight_label": f"{weight if weight is not None else 1.0:g}",
-            "queue_weights_label": ", ".join(
-                f"{q}: {w:g}" for q, w in zip(qw_queues, qw_weights, strict=True)
-            )
-            or "—",
-            "done_last_hour": done,
-            "done_share": done / done_total if done_total else None,
-            "share": f"{100 * done / done_total:.1f} %" if done_total else "—",
-        }
-        for name, queued, scheduled, backlog, weight, qw_queues, qw_weights, done, _ in rows
-    ]
+    rows, done_total = reads.top_backlogs_with_share(since, until, TOP_TENANTS, using=using)
+    tenants = []
+    for t in rows:
+        done = t["done_last_hour"]
+        tenants.append(
+            {
+                **t,
+                "weight_label": f"{t['weight']:g}",
+                "queue_weights_label": ", ".join(
+                    f"{q}: {w:g}" for q, w in t["queue_weights"].items()
+                )
+                or "—",
+                "done_share": done / done_total if done_total else None,
+                "share": f"{100 * done / done_total:.1f} %" if done_total else "—",
+            }
+        )
     return tenants, done_total
 
 
-def throughput_buckets(
-    since: dt.datetime, until: dt.datetime, *, using: str = "default"
-) -> list[Bucket]:
-    """Done and failed (failed + lease_expired) attempts per minute, one bucket per minute of
-    the window, zeros included, oldest first.
-
-    Cost: the window's rows of pgqueue_job_attempt through pgqueue_attempt_finished, grouped
-    by date_trunc('minute', finished_at): at most WINDOW_MINUTES rows come back.
-    """
-    rows = (
-        JobAttempt.objects.using(using)
-        .filter(finished_at__gte=since, finished_at__lt=until)
-        .annotate(minute=TruncMinute("finished_at", tzinfo=dt.UTC))
-        .values("minute")
-        .annotate(
-            done=Count("id", filter=Q(outcome=Outcome.DONE)),
-            failed=Count("id", filter=Q(outcome__in=FAILED_OUTCOMES)),
-        )
-        .values_list("minute", "done", "failed")
-        .order_by("minute")
-    )
-    found = {minute.astimezone(dt.UTC): (done, failed) for minute, done, failed in rows}
-    buckets = []
-    for i in range(WINDOW_MINUTES):
-        minute = since + dt.timedelta(minutes=i)
-        done, failed = found.get(minute, (0, 0))
-        buckets.append(Bucket(minute, done, failed))
-    return buckets
-
-
-def slowest_tasks(
-    since: dt.datetime, until: dt.datetime, *, using: str = "default"
-) -> list[dict[str, Any]]:
-    """The ``TOP_TASKS`` task names with the longest mean run time (finished_at - started_at)
-    over the window's done attempts, with their count and longest run.
-
-    Cost: the window's done attempts through pgqueue_attempt_finished, each joined to its job
-    by primary key for the task name.
-    """
-    run = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
-    rows = (
-        JobAttempt.objects.using(using)
-        .filter(
-            outcome=Outcome.DONE,
-            finished_at__gte=since,
-            finished_at__lt=until,
-            started_at__isnull=False,
-        )
-        .values("job__task")
-        .annotate(n=Count("id"), mean=Avg(run), longest=Max(run))
-        .values_list("job__task", "n", "mean", "longest")
-        .order_by("-mean", "job__task")[:TOP_TASKS]
-    )
+def _slowest(since: dt.datetime, until: dt.datetime, using: str) -> list[dict[str, Any]]:
+    """The ``TOP_TASKS`` tasks with the longest mean run time over the window's done
+    attempts, with their count and longest run."""
     return [
         {
             "task": task,
             "count": n,
-            "mean_seconds": mean.total_seconds(),
-            "max_seconds": longest.total_seconds(),
-            "mean": format_seconds(mean.total_seconds()),
-            "max": format_seconds(longest.total_seconds()),
+            "mean_seconds": mean,
+            "max_seconds": longest,
+            "mean": format_seconds(mean),
+            "max": format_seconds(longest),
         }
-        for task, n, mean, longest in rows
+        for task, n, mean, longest in reads.slowest_tasks(since, until, TOP_TASKS, using=using)
     ]
 
 
-def workers(now: dt.datetime, *, using: str = "default") -> dict[str, Any]:
-    """Worker counts (alive: seen within LEASE_SECONDS and not stopped; stale: not stopped but
-    silent longer, so its leases are lost or about to be; stopped) and the first
-    ``WORKERS_SHOWN`` workers, the alive ones first.
-
-    Cost: two reads of pgqueue_worker, which maintenance prunes to the workers seen within a
-    day (a few rows per worker process).
-    """
-    lease = float(pgqueue_settings.LEASE_SECONDS)
-    since = now - dt.timedelta(seconds=lease)
-    alive_q = Q(stopped_at__isnull=True, last_seen_at__gte=since)
-    table = Worker.objects.using(using)
-    counts = table.aggregate(
-        alive=Count("id", filter=alive_q),
-        stopped=Count("id", filter=Q(stopped_at__isnull=False)),
-        total=Count("id"),
-    )
-    listed = (
-        table.annotate(alive=ExpressionWrapper(alive_q, output_field=BooleanField()))
-        .order_by("-alive", F("stopped_at").asc(nulls_first=True), "host", "pid", "id")
-        .values("id", "host", "pid", "queues", "concurrency", "last_seen_at", "stopped_at")[
-            :WORKERS_SHOWN
-        ]
-    )
+def _workers(now: dt.datetime, using: str) -> dict[str, Any]:
+    """Worker counts (alive, stale, stopped; see ``reads.worker_state``) and the first
+    ``WORKERS_SHOWN`` workers, the alive ones first."""
+    overview = reads.workers_overview(now, WORKERS_SHOWN, using=using)
     rows = []
-    for w in listed:
-        if w["stopped_at"] is not None:
-            state = "stopped"
-        elif w["last_seen_at"] >= since:
-            state = "alive"
-        else:
-            state = "stale"
+    for w in overview["rows"]:
         seen = (now - w["last_seen_at"]).total_seconds()
         queues = w["queues"] if isinstance(w["queues"], list) else [w["queues"]]
         rows.append(
             {
                 **w,
                 "queues": ", ".join(str(q) for q in queues),
-                "state": state,
                 "last_seen_seconds": seen,
                 "last_seen": format_seconds(seen) + " ago" if seen >= 0 else "just now",
             }
         )
-    return {
-        "alive": counts["alive"],
-        "stale": counts["total"] - counts["alive"] - counts["stopped"],
-        "stopped": counts["stopped"],
-        "total": counts["total"],
-        "rows": rows,
-        "lease_seconds": lease,
-    }
+    return {**overview, "rows": rows}
 
 
 def dashboard_data(now: dt.datetime | None = None, *, using: str = "default") -> dict[str, Any]:
@@ -340,23 +153,9 @@ def dashboard_data(now: dt.datetime | None = None, *, using: str = "default") ->
     """
     now = (now or timezone.now()).astimezone(dt.UTC)
     since, until = window(now)
-    totals, by_queue = status_counts(using=using)
-    oldest = oldest_runnable(using=using)
-    tenants, done_last_hour = tenant_backlog(since, until, using=using)
-    buckets = throughput_buckets(since, until, using=using)
-    queues = []
-    for name in sorted(set(by_queue) | set(oldest)):
-        queued_at = oldest.get(name)
-        age = max(0.0, (now - queued_at).total_seconds()) if queued_at else None
-        queues.append(
-            {
-                "queue": name,
-                "counts": by_queue.get(name, dict.fromkeys(Status.values, 0)),
-                "oldest_queued_at": queued_at,
-                "oldest_age_seconds": age,
-                "oldest_age": format_seconds(age),
-            }
-        )
+    totals, queues = _queues(now, using)
+    tenants, done_last_hour = _tenants(since, until, using)
+    buckets = reads.throughput_buckets(since, WINDOW_MINUTES, using=using)
     return {
         "now": now,
         "since": since,
@@ -371,158 +170,9 @@ def dashboard_data(now: dt.datetime | None = None, *, using: str = "default") ->
         "buckets": buckets,
         "done_in_chart": sum(b.done for b in buckets),
         "failed_in_chart": sum(b.failed for b in buckets),
-        "workers": workers(now, using=using),
-        "slowest": slowest_tasks(since, until, using=using),
+        "workers": _workers(now, using),
+        "slowest": _slowest(since, until, using),
     }
-
-
-# -- the chart ---------------------------------------------------------------------------
-
-CHART_WIDTH = 600
-CHART_HEIGHT = 240
-_LEFT, _RIGHT, _TOP, _BOTTOM = 52, 14, 34, 42
-DONE_COLOR = "#447e9b"
-FAILED_COLOR = "#ba2121"
-AXIS_COLOR = "#666666"
-
-
-def _nice_scale(peak: int, ticks: int = 4) -> tuple[int, int]:
-    """The y axis' top and tick step: a round whole step (1, 2, 2.5 or 5 times a power of
-    ten) so the labels read at a glance and the highest bar fills most of the height."""
-    if peak <= 0:
-        return ticks, 1
-    raw = peak / ticks
-    magnitude = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
-    step = int(
-        next(
-            m * magnitude
-            for m in (1, 2, 2.5, 5, 10)
-            if m * magnitude >= raw and float(m * magnitude).is_integer()
-        )
-    )
-    return step * math.ceil(peak / step), step
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.1f}".rstrip("0").rstrip(".")
-
-
-def throughput_chart_svg(buckets: Sequence[Bucket], *, title: str = "Attempts per minute") -> str:
-    """Draw done (bars) and failed (line) attempts per minute as inline SVG.
-
-    Drawn on the server so the page needs no script and no chart library; every piece of
-    text is escaped, so the result can be marked safe and placed in the page as it is. Each
-    minute has a hover title with its exact numbers.
-    """
-    w, h = CHART_WIDTH, CHART_HEIGHT
-    plot_w, plot_h = w - _LEFT - _RIGHT, h - _TOP - _BOTTOM
-    n = max(1, len(buckets))
-    slot = plot_w / n
-    peak = max([0, *(b.done for b in buckets), *(b.failed for b in buckets)])
-    top, step = _nice_scale(peak)
-    base = _TOP + plot_h
-
-    def y(value: float) -> float:
-        return base - plot_h * value / top
-
-    def x(i: int) -> float:
-        return _LEFT + slot * i
-
-    total_done = sum(b.done for b in buckets)
-    total_failed = sum(b.failed for b in buckets)
-    label = f"{title}: {total_done} done, {total_failed} failed or lease expired"
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="pgq-chart" viewBox="0 0 {w} {h}" '
-        f'width="{w}" height="{h}" role="img" aria-label="{escape(label)}">',
-        f"<title>{escape(label)}</title>",
-    ]
-    # Grid lines and y labels.
-    for value in range(0, top + 1, step):
-        yy = _fmt(y(value))
-        out.append(
-            f'<line class="pgq-grid" x1="{_LEFT}" x2="{w - _RIGHT}" y1="{yy}" y2="{yy}" '
-            f'stroke="#dddddd" stroke-width="1"/>'
-        )
-        out.append(
-            f'<text class="pgq-axis-label" x="{_LEFT - 6}" y="{yy}" text-anchor="end" '
-            f'dominant-baseline="middle" font-size="12" fill="{AXIS_COLOR}">{value}</text>'
-        )
-    # Done: one bar per minute.
-    bar_w = _fmt(max(1.0, slot * 0.7))
-    for i, b in enumerate(buckets):
-        if b.done:
-            out.append(
-                f'<rect class="pgq-done" x="{_fmt(x(i) + slot * 0.15)}" y="{_fmt(y(b.done))}" '
-                f'width="{bar_w}" height="{_fmt(base - y(b.done))}" fill="{DONE_COLOR}"/>'
-            )
-    # Failed: a line through every minute, with a dot where there were any.
-    points = " ".join(f"{_fmt(x(i) + slot / 2)},{_fmt(y(b.failed))}" for i, b in enumerate(buckets))
-    if buckets:
-        out.append(
-            f'<polyline class="pgq-failed" points="{points}" fill="none" '
-            f'stroke="{FAILED_COLOR}" stroke-width="1.5" stroke-linejoin="round"/>'
-        )
-    for i, b in enumerate(buckets):
-        if b.failed:
-            out.append(
-                f'<circle class="pgq-failed-dot" cx="{_fmt(x(i) + slot / 2)}" '
-                f'cy="{_fmt(y(b.failed))}" r="2.5" fill="{FAILED_COLOR}"/>'
-            )
-    # Hover targets: the whole height of each minute, with its numbers.
-    for i, b in enumerate(buckets):
-        tip = f"{b.minute:%H:%M} UTC: {b.done} done, {b.failed} failed"
-        out.append(
-            f'<rect class="pgq-hit" x="{_fmt(x(i))}" y="{_TOP}" width="{_fmt(slot)}" '
-            f'height="{plot_h}" fill="transparent"><title>{escape(tip)}</title></rect>'
-        )
-    # Axes; x labels at whole ten minutes, and at the current minute unless one is near.
-    labelled = [i for i, b in enumerate(buckets) if b.minute.minute % 10 == 0]
-    if buckets and (not labelled or len(buckets) - 1 - labelled[-1] >= 4):
-        labelled.append(len(buckets) - 1)
-    out.append(
-        f'<path class="pgq-axis" d="M{_LEFT},{_TOP} V{base} H{w - _RIGHT}" fill="none" '
-        f'stroke="{AXIS_COLOR}" stroke-width="1"/>'
-    )
-    for i in labelled:
-        xx = _fmt(x(i) + slot / 2)
-        out.append(
-            f'<line class="pgq-axis" x1="{xx}" x2="{xx}" y1="{base}" y2="{base + 4}" '
-            f'stroke="{AXIS_COLOR}"/>'
-        )
-        out.append(
-            f'<text class="pgq-axis-label" x="{xx}" y="{base + 16}" text-anchor="middle" '
-            f'font-size="12" fill="{AXIS_COLOR}">{escape(f"{buckets[i].minute:%H:%M}")}</text>'
-        )
-    out.append(
-        f'<text class="pgq-axis-title" x="{_LEFT + plot_w / 2:.0f}" y="{h - 6}" '
-        f'text-anchor="middle" font-size="12" fill="{AXIS_COLOR}">minute (UTC)</text>'
-    )
-    out.append(
-        f'<text class="pgq-axis-title" x="12" y="{_TOP + plot_h / 2:.0f}" text-anchor="middle" '
-        f'font-size="12" fill="{AXIS_COLOR}" '
-        f'transform="rotate(-90 12 {_TOP + plot_h / 2:.0f})">attempts / min</text>'
-    )
-    # Legend.
-    out.append(
-        f'<rect x="{_LEFT}" y="8" width="12" height="12" fill="{DONE_COLOR}"/>'
-        f'<text class="pgq-legend" x="{_LEFT + 17}" y="18" font-size="12" fill="{AXIS_COLOR}">'
-        f"done ({total_done})</text>"
-    )
-    lx = _LEFT + 140
-    out.append(
-        f'<line x1="{lx}" x2="{lx + 14}" y1="14" y2="14" stroke="{FAILED_COLOR}" '
-        f'stroke-width="2"/><circle cx="{lx + 7}" cy="14" r="2.5" fill="{FAILED_COLOR}"/>'
-        f'<text class="pgq-legend" x="{lx + 19}" y="18" font-size="12" fill="{AXIS_COLOR}">'
-        f"failed + lease expired ({total_failed})</text>"
-    )
-    if not total_done and not total_failed:
-        out.append(
-            f'<text class="pgq-empty" x="{_LEFT + plot_w / 2:.0f}" y="{_TOP + plot_h / 2:.0f}" '
-            f'text-anchor="middle" font-size="13" fill="{AXIS_COLOR}">'
-            f"No attempts finished in the last hour</text>"
-        )
-    out.append("</svg>")
-    return "\n".join(out)
 
 
 # -- the view ----------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 The collector queries the database at scrape time, so every process serving /metrics
 (each gunicorn worker) reports the same numbers: nothing is kept per process, and no
-multiprocess directory is needed for pgqueue's series. The outcome counters and run-time
+multiprocess directory is needed for pgqueue's series. The gauges are ``pgqueue.reads``'s
+figures, the same the dashboard and /stats show. The outcome counters and run-time
 histograms come from pgqueue_task_stat, which maintenance keeps up to date from the
 attempt history, so they are monotonic and cost a few rows per task to read.
 """
@@ -14,7 +15,6 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterator
 
-from django.db.models import Count, Min
 from django.utils import timezone
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.core import (
@@ -25,8 +25,8 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from . import reports
-from .models import RUN_TIME_BUCKETS, Job, Status, TaskStat
+from . import reads
+from .models import RUN_TIME_BUCKETS, TaskStat
 
 TOP_TENANTS = 20
 
@@ -36,8 +36,9 @@ class PgQueueCollector(Collector):
         jobs = GaugeMetricFamily(
             "pgqueue_jobs", "Jobs by queue and status", labels=["queue", "status"]
         )
-        for queue, status, n in Job.objects.values_list("queue", "status").annotate(n=Count("id")):
-            jobs.add_metric([queue, status], n)
+        for queue, statuses in reads.job_counts().items():
+            for status, n in statuses.items():
+                jobs.add_metric([queue, status], n)
         yield jobs
 
         oldest = GaugeMetricFamily(
@@ -46,13 +47,7 @@ class PgQueueCollector(Collector):
             labels=["queue"],
         )
         now = timezone.now()
-        for queue, run_at in (
-            Job.objects.filter(status=Status.QUEUED)
-            .values("queue")
-            .annotate(oldest=Min("run_at"))
-            .values_list("queue", "oldest")
-            .order_by()
-        ):
+        for queue, run_at in reads.oldest_runnable().items():
             oldest.add_metric([queue], max(0.0, (now - run_at).total_seconds()))
         yield oldest
 
@@ -61,17 +56,12 @@ class PgQueueCollector(Collector):
             f"Runnable and scheduled jobs of the {TOP_TENANTS} tenants with the largest backlogs",
             labels=["tenant"],
         )
-        for tenant, n in (
-            Job.objects.filter(status__in=[Status.QUEUED, Status.SCHEDULED])
-            .values_list("tenant_id")
-            .annotate(n=Count("id"))
-            .order_by("-n")[:TOP_TENANTS]
-        ):
+        for tenant, _queued, _scheduled, n in reads.top_backlogs(TOP_TENANTS):
             backlog.add_metric([tenant], n)
         yield backlog
 
         yield GaugeMetricFamily(
-            "pgqueue_workers_alive", "Workers seen within a lease", value=reports.workers_alive()
+            "pgqueue_workers_alive", "Workers seen within a lease", value=reads.workers_alive()
         )
         yield from self._task_stats()
 

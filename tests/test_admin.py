@@ -22,8 +22,9 @@ from django.utils import timezone
 from django.utils.html import escape
 
 import pgqueue
-from pgqueue import admin as pgqueue_admin
 from pgqueue import services, store
+from pgqueue.admin import common as admin_common
+from pgqueue.admin import jobs as admin_jobs
 from pgqueue.models import ApiKey, Job, JobAttempt, Status, Tenant, Worker
 from tests.api_fixtures import fresh_queue, make_job, status_of
 from tests.conftest import claim, complete, fail
@@ -35,8 +36,8 @@ TENANTS = "/admin/pgqueue/tenant/"
 WORKERS = "/admin/pgqueue/worker/"
 KEYS = "/admin/pgqueue/apikey/"
 
-#: What ``_duration`` prints: "12 ms", "3.4 s", "5 min", "2 h", "3 d".
-DURATION = re.compile(r"^\d+(\.\d)? (ms|s|min|h|d)$")
+#: What ``format_seconds`` prints: "12 ms", "3.40 s", "42 s", "5 min 3 s", "2 h 4 min", "3 d 1 h".
+DURATION = re.compile(r"^(\d+ ms|\d\.\d\d s|\d+ s|\d+ min \d+ s|\d+ h \d+ min|\d+ d \d+ h)$")
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -149,7 +150,7 @@ class TestJobChangelist:
         cells = row_cells(html, queued)
         assert set(cells) >= {"id", "status_badge", "tenant_id", "task", "tries", "age"}
         assert "<span" in cells["status_badge"]
-        assert pgqueue_admin.STATUS_COLOURS[Status.QUEUED] in cells["status_badge"]
+        assert admin_jobs.STATUS_COLOURS[Status.QUEUED] in cells["status_badge"]
         assert text(cells["status_badge"]) == "queued"
         assert text(cells["tenant_id"]) == "acme"
         assert text(cells["task"]) == "test.echo"
@@ -159,7 +160,7 @@ class TestJobChangelist:
         assert f'href="{change_url(queued)}' in cells["id"]
 
         cells = row_cells(html, done)
-        assert pgqueue_admin.STATUS_COLOURS[Status.DONE] in cells["status_badge"]
+        assert admin_jobs.STATUS_COLOURS[Status.DONE] in cells["status_badge"]
         assert text(cells["status_badge"]) == "done"
         assert text(cells["tenant_id"]) == "beta"
         assert text(cells["tries"]) == "1/5"
@@ -726,7 +727,7 @@ QUERY_BUDGET = 10
 class TestLargeTables:
     @pytest.fixture(autouse=True)
     def low_bound(self, db, monkeypatch):
-        monkeypatch.setattr(pgqueue_admin, "COUNT_BOUND", 100)
+        monkeypatch.setattr(admin_common, "COUNT_BOUND", 100)
         yield
         # ANALYZE writes pg_class in place, past the test's rollback: leave the estimate of
         # an empty table behind (rows deleted by this transaction count as dead).
@@ -787,6 +788,6 @@ class TestLargeTables:
         response, _ = load(admin_client, JOBS, {"status__exact": "queued"})
         html = response.content.decode()
         # 500 jobs match; the bounded count stops at COUNT_BOUND + 1 = 101. The page must
-        # not claim that exactly 101 jobs match (admin.py: "pagination shows 'N+' past it").
+        # not claim that exactly 101 jobs match (admin/common.py: "pagination shows 'N+' past it").
         claims = re.findall(r"\b101 (?:jobs?|results?|selected)\b", html)
         assert not claims, claims

@@ -16,9 +16,12 @@ from django.urls import resolve, reverse
 from django.utils import timezone
 
 import pgqueue
-from pgqueue import dashboard, services, store
-from pgqueue.dashboard import Bucket, dashboard_data, dashboard_view, throughput_chart_svg
+from pgqueue import services, store
+from pgqueue.chart import throughput_chart_svg
+from pgqueue.dashboard import dashboard_data, dashboard_view
+from pgqueue.durations import format_seconds
 from pgqueue.models import Job, JobAttempt, Worker
+from pgqueue.reads import Bucket
 from tests.conftest import claim, complete, fail
 
 DASHBOARD_URL = "/admin/pgqueue/dashboard/"
@@ -306,7 +309,7 @@ class TestChart:
 
 
 def test_format_seconds():
-    f = dashboard.format_seconds
+    f = format_seconds
     assert [f(None), f(0.25), f(4.5), f(42), f(185), f(7440), f(90000)] == [
         "—",
         "250 ms",

@@ -20,7 +20,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import reports, services
+from .. import reads, services
 from ..models import Job, Status
 from ..registry import TASK_NAME_RE
 from .auth import (
@@ -323,7 +323,7 @@ class TenantsView(PgQueueView):
     def get(self, request: Request) -> Response:
         scope = scope_of(request)
         names = None if scope.all_tenants else [scope.tenant]
-        return Response(TenantSerializer(reports.tenant_summaries(names), many=True).data)
+        return Response(TenantSerializer(reads.tenant_summaries(names), many=True).data)
 
 
 class TenantView(PgQueueView):
@@ -335,7 +335,7 @@ class TenantView(PgQueueView):
     def get(self, request: Request, name: str) -> Response:
         if not scope_of(request).allows(name):
             raise ApiError(404, "not_found", f"tenant {name!r} does not exist")
-        found = reports.tenant_summaries([name])
+        found = reads.tenant_summaries([name])
         if not found:
             raise ApiError(404, "not_found", f"tenant {name!r} does not exist")
         return Response(TenantSerializer(found[0]).data)
@@ -355,7 +355,7 @@ class TenantView(PgQueueView):
         services.set_tenant_weight(
             name, data["weight"], queue=_typed(data, "queue", str, "a string")
         )
-        return Response(TenantSerializer(reports.tenant_summaries([name])[0]).data)
+        return Response(TenantSerializer(reads.tenant_summaries([name])[0]).data)
 
 
 class StatsView(PgQueueView):
@@ -367,7 +367,7 @@ class StatsView(PgQueueView):
         responses={200: StatsSerializer, **ERRORS},
     )
     def get(self, request: Request) -> Response:
-        return Response(reports.stats())
+        return Response(reads.stats())
 
 
 class MetricsView(PgQueueView):

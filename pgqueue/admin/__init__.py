@@ -1,0 +1,21 @@
+"""The Django admin for pgqueue: jobs, tenants, workers, API keys and the dashboard.
+
+Every state change goes through the service layer (actions and saves call
+``pgqueue.services``); nothing here writes job rows itself. List pages stay fast on large
+tables: no full-table COUNT on a page load (an estimate when unfiltered, a bounded count
+when filtered), and filters list their choices from small tables. Their figures come from
+the read side, ``pgqueue.reads``.
+
+One module per model; importing this package (Django's admin autodiscovery does) registers
+them all.
+"""
+
+from __future__ import annotations
+
+from .dashboard import DashboardAdmin
+from .jobs import JobAdmin
+from .keys import ApiKeyAdmin
+from .tenants import TenantAdmin
+from .workers import WorkerAdmin
+
+__all__ = ["ApiKeyAdmin", "DashboardAdmin", "JobAdmin", "TenantAdmin", "WorkerAdmin"]

@@ -1,0 +1,107 @@
+"""What the pgqueue admins share: list pagination that never counts a whole table, the
+operator's report of an action, JSON display, the column filter and the view-only base."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+
+from .. import reads
+
+#: Filtered lists count at most this many rows (pagination shows "N+" past it).
+COUNT_BOUND = 10_000
+
+
+class BoundedCount(int):
+    """A count that stopped at the bound: compares as a number, reads as "N+"."""
+
+    def __str__(self) -> str:
+        return f"{int(self) - 1}+"
+
+    __format__ = None  # type: ignore[assignment]  # set below, after the class exists
+
+
+def _format_bounded(self: BoundedCount, spec: str) -> str:
+    return str(self) if not spec else int.__format__(int(self) - 1, spec) + "+"
+
+
+BoundedCount.__format__ = _format_bounded  # type: ignore[method-assign]
+
+
+class EstimatedCountPaginator(Paginator):
+    """Counts without scanning the whole table.
+
+    Unfiltered, the planner's row estimate for the table (``pg_class.reltuples``) is used
+    once it is large; filtered, rows are counted up to COUNT_BOUND and no further.
+    """
+
+    @cached_property
+    def count(self) -> int:
+        qs = self.object_list
+        if isinstance(qs, QuerySet) and not qs.query.where:
+            estimate = reads.row_estimate(qs.model._meta.db_table, using=qs.db)
+            if estimate is not None and estimate > COUNT_BOUND:
+                return estimate
+        if isinstance(qs, QuerySet):
+            counted = qs.order_by()[: COUNT_BOUND + 1].count()
+            return BoundedCount(counted) if counted > COUNT_BOUND else counted
+        return len(qs)
+
+
+def pretty_json(value: Any) -> str:
+    return format_html(
+        '<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
+        json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False),
+    )
+
+
+def report_changes(modeladmin: admin.ModelAdmin, request: Any, verb: str, result: Any) -> None:
+    """Tell the operator how many jobs changed, and why the others did not."""
+    modeladmin.message_user(request, f"{verb} {len(result.changed)} job(s).", messages.SUCCESS)
+    if result.skipped:
+        reasons = Counter(
+            f"{result.statuses[i]}" if i in result.statuses else "missing" for i in result.skipped
+        )
+        detail = ", ".join(f"{n} {status}" for status, n in sorted(reasons.items()))
+        sample = next(iter(result.skipped.values()))
+        modeladmin.message_user(
+            request,
+            f"Skipped {len(result.skipped)} job(s) ({detail}), e.g. {sample}.",
+            messages.WARNING,
+        )
+
+
+class ColumnFilter(admin.SimpleListFilter):
+    """Filters on one column, their choices read from a small table, never from the jobs."""
+
+    column = ""
+
+    def choices_of(self) -> Iterable[str]:
+        raise NotImplementedError
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        return [(value, value) for value in self.choices_of()]
+
+    def queryset(self, request: Any, queryset: QuerySet) -> QuerySet:
+        return queryset.filter(**{self.column: self.value()}) if self.value() else queryset
+
+
+class ViewOnlyAdmin(admin.ModelAdmin):
+    """Pages to look at: nothing added, changed or deleted through them."""
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False

@@ -1,0 +1,215 @@
+"""The job list and a job's page: filters, the attempt history, and the actions (retry,
+cancel, run now) that call the service layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+from django.utils.html import format_html
+
+from .. import services
+from ..durations import format_seconds
+from ..models import FairClock, Job, JobAttempt, Status, Tenant
+from ..registry import registered_tasks
+from .common import ColumnFilter, EstimatedCountPaginator, pretty_json, report_changes
+
+STATUS_COLOURS = {
+    Status.SCHEDULED: "#6c757d",
+    Status.QUEUED: "#0d6efd",
+    Status.RUNNING: "#fd7e14",
+    Status.DONE: "#198754",
+    Status.DEAD: "#dc3545",
+    Status.CANCELLED: "#495057",
+}
+
+
+class QueueFilter(ColumnFilter):
+    """Queues known to the fair clocks (a small table), not a DISTINCT over every job."""
+
+    title = parameter_name = column = "queue"
+
+    def choices_of(self) -> Iterable[str]:
+        return FairClock.objects.order_by("queue").values_list("queue", flat=True).distinct()
+
+
+class TaskFilter(ColumnFilter):
+    """The registered tasks."""
+
+    title = parameter_name = column = "task"
+
+    def choices_of(self) -> Iterable[str]:
+        return sorted(registered_tasks())
+
+
+class TenantFilter(ColumnFilter):
+    title = parameter_name = "tenant"
+    column = "tenant_id"
+
+    def choices_of(self) -> Iterable[str]:
+        return Tenant.objects.order_by("name").values_list("name", flat=True)
+
+
+class AttemptInline(admin.TabularInline):
+    model = JobAttempt
+    extra = 0
+    can_delete = False
+    fields = ["attempt", "outcome", "worker", "started_at", "finished_at", "error", "trace"]
+    readonly_fields = fields
+    ordering = ["id"]
+
+    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="traceback")
+    def trace(self, obj: JobAttempt) -> str:
+        if not obj.traceback:
+            return "—"
+        return format_html(
+            '<details><summary>show</summary><pre style="white-space: pre-wrap; '
+            'max-width: 60em">{}</pre></details>',
+            obj.traceback,
+        )
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "status_badge",
+        "tenant_id",
+        "task",
+        "queue",
+        "priority",
+        "tries",
+        "age",
+        "run_time",
+    ]
+    list_display_links = ["id"]
+    list_filter = [
+        "status",
+        QueueFilter,
+        TenantFilter,
+        TaskFilter,
+        ("created_at", admin.DateFieldListFilter),
+    ]
+    search_fields = ["=idempotency_key", "=task"]
+    search_help_text = "A job id, an idempotency key, or a task name."
+    ordering = ["-id"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    list_per_page = 50
+    actions = ["retry_jobs", "cancel_jobs", "run_now"]
+    inlines = [AttemptInline]
+    fieldsets = [
+        (None, {"fields": ["id", "task", "tenant_id", "queue", "status_badge", "priority"]}),
+        ("Data", {"fields": ["payload_pretty", "result_pretty", "last_error"]}),
+        (
+            "Attempts and timing",
+            {
+                "fields": [
+                    "tries",
+                    "idempotency_key",
+                    "run_at",
+                    "created_at",
+                    "started_at",
+                    "finished_at",
+                    "lease_owner",
+                    "lease_expires_at",
+                    "vtime",
+                ]
+            },
+        ),
+    ]
+    readonly_fields = [
+        "id",
+        "task",
+        "tenant_id",
+        "queue",
+        "status_badge",
+        "priority",
+        "payload_pretty",
+        "result_pretty",
+        "last_error",
+        "tries",
+        "idempotency_key",
+        "run_at",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "lease_owner",
+        "lease_expires_at",
+        "vtime",
+    ]
+
+    # Jobs are created by enqueueing and changed by actions, never edited by hand.
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        # The list (and its actions) need "change"; a job's own page is read-only.
+        return obj is None and super().has_change_permission(request, obj)
+
+    def get_search_results(self, request: Any, queryset: QuerySet, term: str) -> Any:
+        term = term.strip()
+        if term.isdigit():
+            return queryset.filter(Q(pk=int(term)) | Q(idempotency_key=term) | Q(task=term)), False
+        return super().get_search_results(request, queryset, term)
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: Job) -> str:
+        return format_html(
+            '<span style="background:{};color:#fff;padding:2px 8px;border-radius:10px;'
+            'font-size:11px;font-weight:600">{}</span>',
+            STATUS_COLOURS.get(obj.status, "#333"),
+            obj.status,
+        )
+
+    @admin.display(description="attempts")
+    def tries(self, obj: Job) -> str:
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="age", ordering="created_at")
+    def age(self, obj: Job) -> str:
+        return format_seconds((timezone.now() - obj.created_at).total_seconds())
+
+    @admin.display(description="run time")
+    def run_time(self, obj: Job) -> str:
+        if obj.started_at is None:
+            return "—"
+        end = obj.finished_at or (timezone.now() if obj.status == Status.RUNNING else None)
+        return format_seconds((end - obj.started_at).total_seconds()) if end else "—"
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj: Job) -> str:
+        return pretty_json(obj.payload)
+
+    @admin.display(description="result")
+    def result_pretty(self, obj: Job) -> str:
+        return "—" if obj.result is None else pretty_json(obj.result)
+
+    @admin.action(description="Retry the selected dead or cancelled jobs", permissions=["change"])
+    def retry_jobs(self, request: Any, queryset: QuerySet) -> None:
+        ids = list(queryset.values_list("id", flat=True))
+        report_changes(self, request, "Retried", services.retry_jobs(ids))
+
+    @admin.action(
+        description="Cancel the selected scheduled or queued jobs", permissions=["change"]
+    )
+    def cancel_jobs(self, request: Any, queryset: QuerySet) -> None:
+        ids = list(queryset.values_list("id", flat=True))
+        report_changes(self, request, "Cancelled", services.cancel_jobs(ids))
+
+    @admin.action(description="Run the selected scheduled jobs now", permissions=["change"])
+    def run_now(self, request: Any, queryset: QuerySet) -> None:
+        ids = list(queryset.values_list("id", flat=True))
+        report_changes(self, request, "Made runnable", services.run_jobs_now(ids))

@@ -1,0 +1,350 @@
+"""The read side: every figure the HTTP API, the admin, the dashboard and /metrics show.
+
+Each figure is computed here once, so two pages never disagree on what "backlog" or "alive"
+means. Plain ORM reads are written here; raw SQL lives in ``pgqueue.read_sql``, whose
+docstring lists what each read costs. These are summaries for people and scrapers, not hot
+paths: nothing here locks a row. The write side is ``pgqueue.sql`` + ``pgqueue.store``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections
+from django.db.models import (
+    Avg,
+    BooleanField,
+    Count,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+)
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+from . import read_sql
+from .conf import pgqueue_settings
+from .models import Job, JobAttempt, Outcome, QueueWeight, Status, Tenant, Worker
+
+#: The jobs waiting to run: runnable now, or later (delayed, backing off).
+BACKLOG_STATUSES = (Status.QUEUED, Status.SCHEDULED)
+#: Attempts that did not succeed: the handler failed, or its worker stopped renewing the lease.
+FAILED_OUTCOMES = (Outcome.FAILED, Outcome.LEASE_EXPIRED)
+#: The window of /stats' throughput, error rate and mean run time.
+STATS_WINDOW = dt.timedelta(seconds=60)
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """One minute of the throughput chart: attempts that finished within it."""
+
+    minute: dt.datetime  # the start of the minute, in UTC
+    done: int
+    failed: int  # failed + lease_expired
+
+
+# -- jobs --------------------------------------------------------------------------------
+
+
+def job_counts(*, using: str = "default") -> dict[str, dict[str, int]]:
+    """Jobs by queue and status, ``{queue: {status: n}}``: only the pairs that have jobs.
+
+    Scans pgqueue_job (a GROUP BY over every row, finished ones included).
+    """
+    queues: dict[str, dict[str, int]] = defaultdict(dict)
+    rows = Job.objects.using(using).values_list("queue", "status").annotate(n=Count("id"))
+    for queue, status, n in rows.order_by():
+        queues[queue][status] = n
+    return dict(queues)
+
+
+def oldest_runnable(*, using: str = "default") -> dict[str, dt.datetime]:
+    """When the oldest queued job of each queue became runnable (its ``run_at``).
+
+    The queued rows only, which the partial index pgqueue_job_claim covers: bounded by the
+    runnable backlog, not by the history.
+    """
+    rows = (
+        Job.objects.using(using)
+        .filter(status=Status.QUEUED)
+        .values("queue")
+        .annotate(oldest=Min("run_at"))
+        .values_list("queue", "oldest")
+        .order_by()
+    )
+    return dict(rows)
+
+
+def row_estimate(table: str, *, using: str = "default") -> int | None:
+    """The planner's estimate of a table's rows (TABLE_ROW_ESTIMATE): no scan at all."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(read_sql.TABLE_ROW_ESTIMATE, {"table": table})
+        row = cursor.fetchone()
+    return int(row[0]) if row else None
+
+
+# -- tenants -----------------------------------------------------------------------------
+
+
+def tenant_counts(tenants: QuerySet[Tenant]) -> QuerySet[Tenant]:
+    """``tenants`` with each one's job counts: ``n_backlog`` (queued + scheduled),
+    ``n_running``, ``n_done`` and ``n_dead``. A queryset, so the admin can sort on them.
+
+    Counts every job of those tenants (index pgqueue_job_tenant_status).
+    """
+    return tenants.annotate(
+        n_backlog=Count("jobs", filter=Q(jobs__status__in=BACKLOG_STATUSES)),
+        n_running=Count("jobs", filter=Q(jobs__status=Status.RUNNING)),
+        n_done=Count("jobs", filter=Q(jobs__status=Status.DONE)),
+        n_dead=Count("jobs", filter=Q(jobs__status=Status.DEAD)),
+    )
+
+
+def tenant_done_share(tenants: QuerySet[Tenant], since: dt.datetime) -> QuerySet[Tenant]:
+    """``tenants`` with ``n_hour``, the jobs each had done since ``since``, and
+    ``n_hour_total``, those of all tenants: the share fair scheduling gave each.
+
+    The window's attempts through pgqueue_attempt_finished, joined to their jobs by key.
+    """
+    done = JobAttempt.objects.filter(finished_at__gte=since, outcome=Outcome.DONE)
+    per_tenant = (
+        done.filter(job__tenant_id=OuterRef("name"))
+        .order_by()
+        .values("job__tenant_id")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
+    total = done.order_by().values("outcome").annotate(n=Count("id")).values("n")
+    return tenants.annotate(n_hour=Subquery(per_tenant), n_hour_total=Subquery(total))
+
+
+def tenant_summaries(
+    names: Iterable[str] | None = None, *, using: str = "default"
+) -> list[dict[str, Any]]:
+    """Weight, per-queue weights and job counts of tenants (all, or those named), by name."""
+    tenants = Tenant.objects.using(using).order_by("name")
+    if names is not None:
+        tenants = tenants.filter(name__in=list(names))
+    tenants = list(tenant_counts(tenants))
+    overrides: dict[str, dict[str, float]] = defaultdict(dict)
+    wanted = [t.name for t in tenants]
+    for qw in QueueWeight.objects.using(using).filter(tenant_id__in=wanted):
+        overrides[qw.tenant_id][qw.queue] = qw.weight
+    return [
+        {
+            "name": t.name,
+            "weight": t.weight,
+            "queue_weights": overrides[t.name],
+            "backlog": t.n_backlog,
+            "running": t.n_running,
+            "done": t.n_done,
+            "dead": t.n_dead,
+            "created_at": t.created_at,
+        }
+        for t in tenants
+    ]
+
+
+def top_backlogs(limit: int, *, using: str = "default") -> list[tuple[str, int, int, int]]:
+    """The ``limit`` tenants with the largest backlog, largest first (TENANT_BACKLOG_TOP):
+    ``(tenant, queued, scheduled, backlog)`` each."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(read_sql.TENANT_BACKLOG_TOP, {"limit": limit})
+        return [tuple(row) for row in cursor.fetchall()]
+
+
+def top_backlogs_with_share(
+    since: dt.datetime, until: dt.datetime, limit: int, *, using: str = "default"
+) -> tuple[list[dict[str, Any]], int]:
+    """The ``limit`` tenants with the largest backlog, with their weights and the jobs each
+    had done in the window, and the jobs all tenants had done in it, in one statement
+    (TENANT_BACKLOG_TOP_WITH_SHARE). The total is 0 when no tenant has a backlog."""
+    params = {"limit": limit, "since": since, "until": until}
+    with connections[using].cursor() as cursor:
+        cursor.execute(read_sql.TENANT_BACKLOG_TOP_WITH_SHARE, params)
+        rows = cursor.fetchall()
+    done_total = int(rows[0][8]) if rows else 0
+    tenants = [
+        {
+            "name": name,
+            "queued": queued,
+            "scheduled": scheduled,
+            "backlog": backlog,
+            # A job's tenant row is created with it; a missing one would weigh the default.
+            "weight": weight if weight is not None else 1.0,
+            "queue_weights": dict(zip(qw_queues, qw_weights, strict=True)),
+            "done_last_hour": done,
+        }
+        for name, queued, scheduled, backlog, weight, qw_queues, qw_weights, done, _ in rows
+    ]
+    return tenants, done_total
+
+
+# -- attempts ----------------------------------------------------------------------------
+
+
+def recent_attempts(since: dt.datetime, *, using: str = "default") -> dict[str, Any]:
+    """Attempts finished since ``since``: ``done``, ``errors`` (failed + lease expired) and
+    ``run``, the mean run time of the done ones (a timedelta, or None).
+
+    The window's rows of pgqueue_job_attempt through pgqueue_attempt_finished.
+    """
+    return (
+        JobAttempt.objects.using(using)
+        .filter(finished_at__gte=since)
+        .aggregate(
+            done=Count("id", filter=Q(outcome=Outcome.DONE)),
+            errors=Count("id", filter=Q(outcome__in=FAILED_OUTCOMES)),
+            run=Avg(F("finished_at") - F("started_at"), filter=Q(outcome=Outcome.DONE)),
+        )
+    )
+
+
+def throughput_buckets(since: dt.datetime, minutes: int, *, using: str = "default") -> list[Bucket]:
+    """Done and failed (failed + lease_expired) attempts per minute for the ``minutes``
+    minutes from ``since``, zeros included, oldest first.
+
+    The window's rows of pgqueue_job_attempt through pgqueue_attempt_finished, grouped by
+    date_trunc('minute', finished_at): at most ``minutes`` rows come back.
+    """
+    until = since + dt.timedelta(minutes=minutes)
+    rows = (
+        JobAttempt.objects.using(using)
+        .filter(finished_at__gte=since, finished_at__lt=until)
+        .annotate(minute=TruncMinute("finished_at", tzinfo=dt.UTC))
+        .values("minute")
+        .annotate(
+            done=Count("id", filter=Q(outcome=Outcome.DONE)),
+            failed=Count("id", filter=Q(outcome__in=FAILED_OUTCOMES)),
+        )
+        .values_list("minute", "done", "failed")
+        .order_by("minute")
+    )
+    found = {minute.astimezone(dt.UTC): (done, failed) for minute, done, failed in rows}
+    buckets = []
+    for i in range(minutes):
+        minute = since + dt.timedelta(minutes=i)
+        done, failed = found.get(minute, (0, 0))
+        buckets.append(Bucket(minute, done, failed))
+    return buckets
+
+
+def slowest_tasks(
+    since: dt.datetime, until: dt.datetime, limit: int, *, using: str = "default"
+) -> list[tuple[str, int, float, float]]:
+    """The ``limit`` task names with the longest mean run time (finished_at - started_at)
+    over the window's done attempts: ``(task, count, mean_seconds, max_seconds)`` each.
+
+    The window's done attempts through pgqueue_attempt_finished, each joined to its job by
+    primary key for the task name.
+    """
+    run = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
+    rows = (
+        JobAttempt.objects.using(using)
+        .filter(
+            outcome=Outcome.DONE,
+            finished_at__gte=since,
+            finished_at__lt=until,
+            started_at__isnull=False,
+        )
+        .values("job__task")
+        .annotate(n=Count("id"), mean=Avg(run), longest=Max(run))
+        .values_list("job__task", "n", "mean", "longest")
+        .order_by("-mean", "job__task")[:limit]
+    )
+    return [
+        (task, n, mean.total_seconds(), longest.total_seconds()) for task, n, mean, longest in rows
+    ]
+
+
+# -- workers -----------------------------------------------------------------------------
+
+
+def lease_seconds() -> float:
+    """How long a worker may stay silent and still count as alive: one that has not renewed
+    its leases for that long has lost them anyway."""
+    return float(pgqueue_settings.LEASE_SECONDS)
+
+
+def alive_since(now: dt.datetime) -> dt.datetime:
+    """A worker not stopped and seen at or after this moment is alive."""
+    return now - dt.timedelta(seconds=lease_seconds())
+
+
+def worker_state(
+    stopped_at: dt.datetime | None, last_seen_at: dt.datetime, now: dt.datetime
+) -> str:
+    """ "stopped" (it said so), "alive" (seen within a lease) or "stale" (not stopped but
+    silent longer, so its leases are lost or about to be)."""
+    if stopped_at is not None:
+        return "stopped"
+    return "alive" if last_seen_at >= alive_since(now) else "stale"
+
+
+def _alive(now: dt.datetime) -> Q:
+    return Q(stopped_at__isnull=True, last_seen_at__gte=alive_since(now))
+
+
+def workers_alive(now: dt.datetime | None = None, *, using: str = "default") -> int:
+    """How many workers are alive (see ``worker_state``). Reads pgqueue_worker."""
+    return Worker.objects.using(using).filter(_alive(now or timezone.now())).count()
+
+
+def workers_overview(now: dt.datetime, shown: int, *, using: str = "default") -> dict[str, Any]:
+    """Worker counts (alive, stale, stopped, total), the first ``shown`` workers, the alive
+    ones first, each with its ``state``, and the ``lease_seconds`` that "alive" means.
+
+    Two reads of pgqueue_worker, which maintenance prunes to the workers seen within a day
+    (a few rows per worker process).
+    """
+    alive_q = _alive(now)
+    table = Worker.objects.using(using)
+    counts = table.aggregate(
+        alive=Count("id", filter=alive_q),
+        stopped=Count("id", filter=Q(stopped_at__isnull=False)),
+        total=Count("id"),
+    )
+    listed = (
+        table.annotate(alive=ExpressionWrapper(alive_q, output_field=BooleanField()))
+        .order_by("-alive", F("stopped_at").asc(nulls_first=True), "host", "pid", "id")
+        .values("id", "host", "pid", "queues", "concurrency", "last_seen_at", "stopped_at")[:shown]
+    )
+    return {
+        "alive": counts["alive"],
+        "stale": counts["total"] - counts["alive"] - counts["stopped"],
+        "stopped": counts["stopped"],
+        "total": counts["total"],
+        "rows": [
+            {**w, "state": worker_state(w["stopped_at"], w["last_seen_at"], now)} for w in listed
+        ],
+        "lease_seconds": lease_seconds(),
+    }
+
+
+# -- /stats ------------------------------------------------------------------------------
+
+
+def stats(*, using: str = "default") -> dict[str, Any]:
+    """Counts by queue and status, and the last minute's throughput, errors and run time."""
+    queues = job_counts(using=using)
+    recent = recent_attempts(timezone.now() - STATS_WINDOW, using=using)
+    finished = recent["done"] + recent["errors"]
+    run = recent["run"]
+    return {
+        "queues": {q: dict(sorted(s.items())) for q, s in sorted(queues.items())},
+        "throughput_per_s_60s": round(recent["done"] / STATS_WINDOW.total_seconds(), 3),
+        "error_rate_60s": round(recent["errors"] / finished, 4) if finished else 0.0,
+        "mean_run_seconds_60s": round(run.total_seconds(), 6) if run is not None else None,
+        "workers_alive": workers_alive(using=using),
+        "dead": sum(s.get(Status.DEAD, 0) for s in queues.values()),
+    }
