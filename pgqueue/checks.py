@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.checks import Error, Tags, register
-from django.db import connections
+from django.core.management.base import CommandError
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.utils import load_backend
 
 from .conf import DEFAULTS, pgqueue_settings
 from .fairness import ORDERINGS
@@ -13,21 +16,77 @@ from .fairness import ORDERINGS
 MIN_POSTGRES = 140000
 
 
+def database_vendor(alias: str = DEFAULT_DB_ALIAS) -> str:
+    """The vendor of DATABASES[alias], read from its ENGINE without connecting.
+
+    Read from the settings rather than from ``connections`` so that the answer is known
+    before any connection exists (plain ``manage.py check``, ``runserver``) and follows
+    ``override_settings``; the backend's own ``vendor`` also covers engines that subclass
+    PostgreSQL's (PostGIS, instrumented backends).
+    """
+    engine = settings.DATABASES[alias].get("ENGINE", "")
+    if not engine:
+        return "unconfigured"
+    return load_backend(engine).DatabaseWrapper.vendor
+
+
+def _not_postgresql(alias: str) -> str | None:
+    """Why pgqueue cannot run on DATABASES[alias], or None when its vendor is PostgreSQL."""
+    if alias not in settings.DATABASES:
+        return None  # Django reports a missing default alias itself
+    vendor = database_vendor(alias)
+    if vendor == "postgresql":
+        return None
+    engine = settings.DATABASES[alias].get("ENGINE", "")
+    return (
+        f"pgqueue needs PostgreSQL 14 or newer, but DATABASES[{alias!r}] uses {vendor} "
+        f"({engine or 'no ENGINE'})."
+    )
+
+
+def require_postgresql(alias: str = DEFAULT_DB_ALIAS) -> None:
+    """Stop a command that cannot work on this database, in one line, before it connects.
+
+    ``runworker`` calls it first: on SQLite the worker would otherwise die deep inside
+    psycopg-specific code with a message that names neither pgqueue nor PostgreSQL.
+    """
+    problem = _not_postgresql(alias)
+    if problem:
+        raise CommandError(problem)
+
+
+@register()
+def check_database_engine(app_configs: Any = None, **kwargs: Any) -> list:
+    """pgqueue relies on SKIP LOCKED, LISTEN/NOTIFY and advisory locks: PostgreSQL.
+
+    Not a database check, so that it runs at plain ``manage.py check`` and ``runserver``
+    (Django runs database checks only for ``migrate`` and ``check --database``). It looks at
+    the alias pgqueue uses, the default one.
+    """
+    problem = _not_postgresql(DEFAULT_DB_ALIAS)
+    if problem is None:
+        return []
+    return [
+        Error(
+            problem,
+            hint="Point DATABASES at PostgreSQL 14 or newer "
+            "(ENGINE 'django.db.backends.postgresql').",
+            id="pgqueue.E001",
+        )
+    ]
+
+
 @register(Tags.database)
 def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
-    """pgqueue relies on SKIP LOCKED, LISTEN/NOTIFY and advisory locks: PostgreSQL >= 14."""
+    """The PostgreSQL server is 14 or newer (this needs a connection: a database check).
+
+    Aliases of another vendor are left to ``check_database_engine``, which reports the one
+    pgqueue uses; a project's other databases may be anything.
+    """
     errors: list = []
     for alias in databases or []:
         conn = connections[alias]
         if conn.vendor != "postgresql":
-            errors.append(
-                Error(
-                    f"pgqueue needs PostgreSQL, but DATABASES[{alias!r}] uses {conn.vendor}.",
-                    hint="Point DATABASES at PostgreSQL 14 or newer "
-                    "(ENGINE 'django.db.backends.postgresql').",
-                    id="pgqueue.E001",
-                )
-            )
             continue
         conn.ensure_connection()
         if conn.pg_version < MIN_POSTGRES:

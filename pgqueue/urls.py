@@ -1,6 +1,9 @@
-"""pgqueue's HTTP API. Mount it with ``path("", include("pgqueue.urls"))`` (or a prefix).
+"""pgqueue's HTTP API. Mount it with ``path("queue/", include("pgqueue.urls"))`` (any prefix,
+or ``""`` for the site's root).
 
-Every path answers with and without a trailing slash.
+Every path answers with and without a trailing slash. An unknown path under one of the API's
+own (``jobs/abc``, ``tenants/a/b``) is a JSON 404 from the last pattern, so the project needs
+no ``handler404``, and the rest of the site keeps its own 404 pages.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from typing import Any
 
 from django.urls import URLPattern, re_path
 
-from .api import docs, views
+from .api import docs, errors, views
 
 app_name = "pgqueue"
 
@@ -35,4 +38,7 @@ urlpatterns = [
     ),
     _path("docs", docs.docs, "docs"),
     re_path(r"^docs/assets/(?P<name>[A-Za-z0-9_.\-]+)$", docs.asset, name="docs-asset"),
+    # Last: whatever else is under the API's own paths. Nothing beyond them, so that the API
+    # mounted at the root leaves every other path to the project.
+    re_path(r"^(?:jobs|tenants|stats|metrics|health|schema|docs)(?:/.*)?$", errors.not_found),
 ]

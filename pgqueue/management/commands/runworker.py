@@ -58,6 +58,9 @@ class Command(BaseCommand):
         parser.add_argument("--database", default="default", help="database alias")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        from pgqueue.checks import require_postgresql
+
+        require_postgresql(options["database"])  # one line, exit 1, on another database
         queues = [
             q.strip()
             for q in (options["queues"] or pgqueue_settings.DEFAULT_QUEUE).split(",")
