@@ -24,7 +24,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from . import services
+from . import keys, services
 from .conf import pgqueue_settings
 from .models import ApiKey, Dashboard, FairClock, Job, JobAttempt, Status, Tenant, Worker
 from .registry import registered_tasks
@@ -480,7 +480,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         return obj.tenant_id or "all tenants"
 
     def save_model(self, request: Any, obj: ApiKey, form: Any, change: bool) -> None:
-        row, key = services.create_api_key(tenant=obj.tenant_id, name=obj.name)
+        row, key = keys.create_api_key(tenant=obj.tenant_id, name=obj.name)
         obj.pk = row.pk
         obj.prefix = row.prefix
         self.message_user(
@@ -493,7 +493,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def revoke(self, request: Any, queryset: QuerySet) -> None:
         prefixes = list(queryset.values_list("prefix", flat=True))
         for prefix in prefixes:
-            services.revoke_api_key(prefix)
+            keys.revoke_api_key(prefix)
         self.message_user(request, f"Revoked {len(prefixes)} key(s).")
 
 

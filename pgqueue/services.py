@@ -8,12 +8,9 @@ refuses bad input with the same field and reason.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import hmac
 import json
 import math
 import re
-import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -24,7 +21,7 @@ from django.utils import timezone
 from . import store
 from .conf import pgqueue_settings
 from .exceptions import InvalidJob, InvalidTransition, JobNotFound, PayloadTooLarge
-from .models import ApiKey, Job, Status, Tenant
+from .models import Job, Status
 from .registry import Task, get_task
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -420,60 +417,3 @@ def set_tenant_weight(
     weight = validate_weight(weight)
     with connections[using].cursor() as cursor:
         store.set_weight(cursor, tenant=tenant, weight=weight, queue=queue)
-
-
-# -- API keys -----------------------------------------------------------------------------
-
-API_KEY_PREFIX = "pgq_"
-
-
-def _hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def create_api_key(
-    *, tenant: str | None = None, name: str = "", using: str = "default"
-) -> tuple[ApiKey, str]:
-    """Create an API key bound to ``tenant`` (created if new), or to all tenants when None.
-
-    Returns the key's row and the key itself, which is not stored and cannot be shown again.
-    """
-    if tenant is not None:
-        tenant = validate_name(tenant, "tenant")
-    prefix = secrets.token_hex(4)
-    key = f"{API_KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
-    with transaction.atomic(using=using):
-        if tenant is not None:
-            Tenant.objects.using(using).get_or_create(name=tenant)
-        row = ApiKey.objects.using(using).create(
-            prefix=prefix, key_hash=_hash_key(key), tenant_id=tenant, name=name
-        )
-    return row, key
-
-
-def revoke_api_key(prefix: str, *, using: str = "default") -> ApiKey:
-    """Revoke a key by its prefix; raises ApiKey.DoesNotExist for an unknown prefix."""
-    row = ApiKey.objects.using(using).get(prefix=prefix)
-    if row.revoked_at is None:
-        row.revoked_at = timezone.now()
-        row.save(update_fields=["revoked_at"])
-    return row
-
-
-#: A key's last use is written at most this often, not on every request.
-LAST_USED_RESOLUTION = dt.timedelta(minutes=1)
-
-
-def authenticate_api_key(key: str, *, using: str = "default") -> ApiKey | None:
-    """The active key row for ``key``, or None. Constant-time comparison of the hash."""
-    parts = key.split("_")
-    if len(parts) < 3 or not key.startswith(API_KEY_PREFIX):
-        return None
-    row = ApiKey.objects.using(using).filter(prefix=parts[1], revoked_at__isnull=True).first()
-    if row is None or not hmac.compare_digest(row.key_hash, _hash_key(key)):
-        return None
-    now = timezone.now()
-    if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
-        ApiKey.objects.using(using).filter(pk=row.pk).update(last_used_at=now)
-        row.last_used_at = now
-    return row
