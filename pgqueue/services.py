@@ -232,22 +232,22 @@ def enqueue(
     payloads_json = f"[{encode_payload(payload)}]"
     if opts.idempotency_key is None:
         with connections[using].cursor() as cursor:
-            (job_id,), _ = _insert(cursor, opts, payloads_json, 1)
-        return Enqueued(_job(job_id, opts, payload), True)
+            (new,), _ = _insert(cursor, opts, payloads_json, 1)
+        return Enqueued(_job(new, opts, payload, using), True)
 
     # A savepoint makes the refund below exact: the clock row stays locked until it ends.
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        ids, charged = _insert(cursor, opts, payloads_json, 1)
-        if ids:
-            return Enqueued(_job(ids[0], opts, payload), True)
+        inserted, charged = _insert(cursor, opts, payloads_json, 1)
+        if inserted:
+            return Enqueued(_job(inserted[0], opts, payload, using), True)
         if charged:
             store.refund_clock(
                 cursor, tenant=opts.tenant, queue=opts.queue, priority=opts.priority, count=1
             )
-        existing = store.job_id_for_key(
-            cursor, tenant=opts.tenant, idempotency_key=opts.idempotency_key
-        )
-    return Enqueued(Job.objects.using(using).get(pk=existing), False)
+    existing = Job.objects.using(using).get(
+        tenant_id=opts.tenant, idempotency_key=opts.idempotency_key
+    )
+    return Enqueued(existing, False)
 
 
 def enqueue_many(
@@ -285,13 +285,14 @@ def enqueue_many(
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         for start in range(0, len(encoded), MAX_BATCH):
             chunk = encoded[start : start + MAX_BATCH]
-            ids.extend(_insert(cursor, opts, f"[{','.join(chunk)}]", len(chunk))[0])
+            inserted, _ = _insert(cursor, opts, f"[{','.join(chunk)}]", len(chunk))
+            ids.extend(new.id for new in inserted)
     return ids
 
 
 def _insert(
     cursor: Any, opts: JobOptions, payloads_json: str, count: int
-) -> tuple[list[int], bool]:
+) -> tuple[list[store.NewJob], bool]:
     return store.enqueue(
         cursor,
         task=opts.task,
@@ -306,23 +307,26 @@ def _insert(
     )
 
 
-def _job(job_id: int, opts: JobOptions, payload: Any) -> Job:
-    """The new job as a model instance, without reading it back (one query per enqueue)."""
+def _job(new: store.NewJob, opts: JobOptions, payload: Any, using: str) -> Job:
+    """The new job as a model instance, complete without reading it back: what the caller
+    gave, and what the enqueue statement returned (id, run_at, created_at, vtime)."""
     job = Job(
-        id=job_id,
+        id=new.id,
         queue=opts.queue,
         tenant_id=opts.tenant,
         task=opts.task,
         payload=payload,
         status=Status.QUEUED if opts.run_at is None else Status.SCHEDULED,
         priority=opts.priority,
+        vtime=new.vtime,
         attempts=0,
         max_attempts=opts.max_attempts,
+        run_at=new.run_at,
         idempotency_key=opts.idempotency_key,
+        created_at=new.created_at,
     )
-    if opts.run_at is not None:
-        job.run_at = opts.run_at
     job._state.adding = False
+    job._state.db = using
     return job
 
 
