@@ -48,11 +48,12 @@ def _ids(rows: Iterable[Sequence[Any]]) -> list[int]:
 
 
 class NewJob(NamedTuple):
-    """What the enqueue statements return of each new job (sql.ENQUEUED_COLUMNS)."""
+    """What the enqueue statements return of each new job; all but the id only when the
+    statement enqueued one job (see ``sql._enqueued``)."""
 
     id: int
-    run_at: dt.datetime
-    created_at: dt.datetime
+    run_at: dt.datetime | None
+    created_at: dt.datetime | None
     vtime: float | None
 
 
