@@ -226,8 +226,8 @@ done_history AS (
 #   The transaction commits at once; nothing stays locked while the job runs (the lease
 #   takes over).
 # Index: pgqueue_job_claim, one range scan, already in claim order.
-# Called by: store.claim, from the worker runtime when it has idle slots and nothing to
-#   record.
+# Called by: store.claim, from the worker runtime when it has free slots and no success to
+#   record (alone), or after recording failures (in their transaction).
 JOB_CLAIM = f"WITH {_CLAIM_ONE_QUEUE}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
 
 # -- name: JOB_CLAIM_MANY_QUEUES
@@ -245,10 +245,10 @@ JOB_CLAIM_MANY_QUEUES = (
 # Record successes for jobs this worker holds, one attempt row each, all stamped %(now)s.
 # Fenced: a job whose lease was lost (reaped, or claimed again by anyone, this worker
 # included) does not match and is not returned.
-# Locks: the matched job rows, until the caller's transaction ends (autocommit: at once).
+# Locks: the matched job rows, until the worker's transaction commits, at once.
 # Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease.
-# Called by: store.complete_many, from the worker runtime when it records results without
-#   claiming (stopping, or no free slot).
+# Called by: store.complete_many, from the worker runtime when its batch also holds
+#   failures or no slot is free (with JOB_FAIL_MANY and JOB_CLAIM, in one transaction).
 JOB_COMPLETE_MANY = f"WITH {_COMPLETE}\nSELECT id FROM done"
 
 # A worker's steady state in one statement, one round trip and one commit: the two parts
@@ -289,10 +289,11 @@ JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
 # dead; otherwise back to scheduled with full-jitter exponential backoff from %(now)s,
 # outside the claim index until JOB_PROMOTE_DUE gives it a fresh vtime. Fenced like
 # JOB_COMPLETE_MANY. Writes one attempt row per job with the error and traceback.
-# Locks: the matched job rows, until the caller's transaction ends (autocommit: at once).
+# Locks: the matched job rows, until the worker's transaction commits, at once.
 # Index: pgqueue_job_pkey (PK lookups); the rows move from pgqueue_job_lease to
 #   pgqueue_job_scheduled.
-# Called by: store.fail_many, from the worker runtime.
+# Called by: store.fail_many, from the worker runtime (with JOB_COMPLETE_MANY and
+#   JOB_CLAIM, in one transaction).
 JOB_FAIL_MANY = f"""
 WITH input AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[],
