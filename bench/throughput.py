@@ -116,7 +116,7 @@ def _free_port() -> int:
 def _enqueue_rates(quick: bool) -> dict[str, float]:
     """jobs/s of single POSTs, enqueue_many(1,000) and POST /jobs/batch(1,000)."""
     import pgqueue
-    from pgqueue import services
+    from pgqueue import keys
 
     reset_tables()
     rounds = 5 if quick else 20
@@ -125,7 +125,7 @@ def _enqueue_rates(quick: bool) -> dict[str, float]:
         pgqueue.enqueue_many("bench.noop", [None] * 1000, tenant="acme")
     many = rounds * 1000 / (time.perf_counter() - t0)
 
-    _, key = services.create_api_key(name="bench")
+    _, key = keys.create_api_key(name="bench")
     port = _free_port()
     server = subprocess.Popen(
         [

@@ -8,12 +8,9 @@ refuses bad input with the same field and reason.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import hmac
 import json
 import math
 import re
-import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -24,7 +21,7 @@ from django.utils import timezone
 from . import store
 from .conf import pgqueue_settings
 from .exceptions import InvalidJob, InvalidTransition, JobNotFound, PayloadTooLarge
-from .models import ApiKey, Job, Status, Tenant
+from .models import Job, Status
 from .registry import RegisteredTask, get_task
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -235,22 +232,22 @@ def enqueue(
     payloads_json = f"[{encode_payload(payload)}]"
     if opts.idempotency_key is None:
         with connections[using].cursor() as cursor:
-            (job_id,), _ = _insert(cursor, opts, payloads_json, 1)
-        return Enqueued(_job(job_id, opts, payload), True)
+            (new,), _ = _insert(cursor, opts, payloads_json, 1)
+        return Enqueued(_job(new, opts, payload, using), True)
 
     # A savepoint makes the refund below exact: the clock row stays locked until it ends.
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        ids, charged = _insert(cursor, opts, payloads_json, 1)
-        if ids:
-            return Enqueued(_job(ids[0], opts, payload), True)
+        inserted, charged = _insert(cursor, opts, payloads_json, 1)
+        if inserted:
+            return Enqueued(_job(inserted[0], opts, payload, using), True)
         if charged:
             store.refund_clock(
                 cursor, tenant=opts.tenant, queue=opts.queue, priority=opts.priority, count=1
             )
-        existing = store.job_id_for_key(
-            cursor, tenant=opts.tenant, idempotency_key=opts.idempotency_key
-        )
-    return Enqueued(Job.objects.using(using).get(pk=existing), False)
+    existing = Job.objects.using(using).get(
+        tenant_id=opts.tenant, idempotency_key=opts.idempotency_key
+    )
+    return Enqueued(existing, False)
 
 
 def enqueue_many(
@@ -288,13 +285,14 @@ def enqueue_many(
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         for start in range(0, len(encoded), MAX_BATCH):
             chunk = encoded[start : start + MAX_BATCH]
-            ids.extend(_insert(cursor, opts, f"[{','.join(chunk)}]", len(chunk))[0])
+            inserted, _ = _insert(cursor, opts, f"[{','.join(chunk)}]", len(chunk))
+            ids.extend(new.id for new in inserted)
     return ids
 
 
 def _insert(
     cursor: Any, opts: JobOptions, payloads_json: str, count: int
-) -> tuple[list[int], bool]:
+) -> tuple[list[store.NewJob], bool]:
     return store.enqueue(
         cursor,
         task=opts.task,
@@ -309,23 +307,26 @@ def _insert(
     )
 
 
-def _job(job_id: int, opts: JobOptions, payload: Any) -> Job:
-    """The new job as a model instance, without reading it back (one query per enqueue)."""
+def _job(new: store.NewJob, opts: JobOptions, payload: Any, using: str) -> Job:
+    """The new job as a model instance, complete without reading it back: what the caller
+    gave, and what the enqueue statement returned (id, run_at, created_at, vtime)."""
     job = Job(
-        id=job_id,
+        id=new.id,
         queue=opts.queue,
         tenant_id=opts.tenant,
         task=opts.task,
         payload=payload,
         status=Status.QUEUED if opts.run_at is None else Status.SCHEDULED,
         priority=opts.priority,
+        vtime=new.vtime,
         attempts=0,
         max_attempts=opts.max_attempts,
+        run_at=new.run_at,
         idempotency_key=opts.idempotency_key,
+        created_at=new.created_at,
     )
-    if opts.run_at is not None:
-        job.run_at = opts.run_at
     job._state.adding = False
+    job._state.db = using
     return job
 
 
@@ -420,60 +421,3 @@ def set_tenant_weight(
     weight = validate_weight(weight)
     with connections[using].cursor() as cursor:
         store.set_weight(cursor, tenant=tenant, weight=weight, queue=queue)
-
-
-# -- API keys -----------------------------------------------------------------------------
-
-API_KEY_PREFIX = "pgq_"
-
-
-def _hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def create_api_key(
-    *, tenant: str | None = None, name: str = "", using: str = "default"
-) -> tuple[ApiKey, str]:
-    """Create an API key bound to ``tenant`` (created if new), or to all tenants when None.
-
-    Returns the key's row and the key itself, which is not stored and cannot be shown again.
-    """
-    if tenant is not None:
-        tenant = validate_name(tenant, "tenant")
-    prefix = secrets.token_hex(4)
-    key = f"{API_KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
-    with transaction.atomic(using=using):
-        if tenant is not None:
-            Tenant.objects.using(using).get_or_create(name=tenant)
-        row = ApiKey.objects.using(using).create(
-            prefix=prefix, key_hash=_hash_key(key), tenant_id=tenant, name=name
-        )
-    return row, key
-
-
-def revoke_api_key(prefix: str, *, using: str = "default") -> ApiKey:
-    """Revoke a key by its prefix; raises ApiKey.DoesNotExist for an unknown prefix."""
-    row = ApiKey.objects.using(using).get(prefix=prefix)
-    if row.revoked_at is None:
-        row.revoked_at = timezone.now()
-        row.save(update_fields=["revoked_at"])
-    return row
-
-
-#: A key's last use is written at most this often, not on every request.
-LAST_USED_RESOLUTION = dt.timedelta(minutes=1)
-
-
-def authenticate_api_key(key: str, *, using: str = "default") -> ApiKey | None:
-    """The active key row for ``key``, or None. Constant-time comparison of the hash."""
-    parts = key.split("_")
-    if len(parts) < 3 or not key.startswith(API_KEY_PREFIX):
-        return None
-    row = ApiKey.objects.using(using).filter(prefix=parts[1], revoked_at__isnull=True).first()
-    if row is None or not hmac.compare_digest(row.key_hash, _hash_key(key)):
-        return None
-    now = timezone.now()
-    if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
-        ApiKey.objects.using(using).filter(pk=row.pk).update(last_used_at=now)
-        row.last_used_at = now
-    return row

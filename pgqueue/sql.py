@@ -1,12 +1,18 @@
-"""Every statement of pgqueue's hot paths, named Entity + Verb, in one place.
+"""Every statement of pgqueue's hot paths, named Entity + Verb + Qualifier, in one place.
 
 Each statement says what it locks, which index serves it and who calls it. Parameters are
 bound by the driver (``%(name)s``), never formatted in. The fairness policy's fragments
 come from ``pgqueue.fairness`` and are fixed SQL built at import time.
 
+A header (``-- name: X``) reads, in this order: what the statement does and why it is
+shaped so; ``Locks:`` what it locks and until when; ``Index:`` / ``Indexes:`` what serves
+it; ``Called by:`` the ``pgqueue.store`` function that runs it, and who calls that.
+Fragments (``_X``) are pieces of those statements, covered by the headers of each.
+
 Conventions:
 - ``%(now)s`` is an optional timestamp that tests inject instead of sleeping; NULL means
-  the transaction's ``now()``.
+  the transaction's ``now()``. Taken by every statement that starts, extends or ends a
+  lease (claim, heartbeat, complete, fail, reap) and by promotion.
 - Payloads and results travel as JSON text (``::jsonb`` on the way in, ``::text`` on the
   way out), so the same statements work on Django's connection and on a bare psycopg one.
 - Every write a worker makes to a job it claimed (complete, fail, heartbeat) is fenced:
@@ -25,27 +31,48 @@ BACKOFF = (
     "%(backoff_base)s::float8 * power(2.0, GREATEST({attempts} - 1, 0)))"
 )
 
-# -- name: TENANT_ENSURE
-# Used inside the enqueue statements: creates the tenant if new. DO NOTHING takes no row
-# lock on an existing tenant, so enqueues never queue behind a weight change.
+# Creates the tenant if new, inside JOB_ENQUEUE, JOB_ENQUEUE_SCHEDULED and QUEUE_WEIGHT_SET.
+# DO NOTHING takes no row lock on an existing tenant, so enqueues never queue behind a
+# weight change.
 _TENANT_ENSURE = """
     INSERT INTO pgqueue_tenant (name, weight) VALUES (%(tenant)s, 1.0)
     ON CONFLICT (name) DO NOTHING
 """
 
+
+def _enqueued(rows: str) -> str:
+    """What the enqueue statements return of each new job (before a trailing column): what
+    ``pgqueue.enqueue`` needs to return a complete Job without reading it back.
+
+    All but the id come only when one job is enqueued (``%(n)s = 1``): a bulk enqueue needs
+    ids alone, and on Django's connection a timestamptz costs the client tens of µs to
+    load (a Python loader) against well under 1 µs for an id; 1,000 rows with two
+    timestamps each doubled the statement's time. NULLs cost nothing to load.
+    """
+    one = "CASE WHEN %(n)s = 1 THEN {rows}.{column} END AS {column}"
+    return ", ".join(
+        [
+            f"{rows}.id",
+            *(one.format(rows=rows, column=c) for c in ("run_at", "created_at", "vtime")),
+        ]
+    )
+
+
 # -- name: JOB_ENQUEUE
-# Enqueue 1..1,000 runnable jobs of one task, tenant, queue and priority in one statement.
-# Called by services.enqueue / enqueue_many, inside the caller's transaction.
-# Locks: the tenant's fair-clock row for (queue, tenant, priority), by INSERT .. ON CONFLICT
-#   DO UPDATE, until the caller's transaction ends. Concurrent enqueues of one tenant at one
-#   level therefore serialise and get distinct vtimes; other tenants are not blocked.
-# Indexes: pgqueue_fair_clock_uniq (the upsert), pgqueue_job_claim and
-#   pgqueue_fair_clock_level (the level head, one tuple each), pgqueue_job_idempotency.
+# Enqueue 1..1,000 runnable jobs of one task, tenant, queue and priority in one statement,
+# returning each new job's columns (_enqueued).
 # An idempotency key already taken (and committed) is seen before the clock is charged, so
 # the tenant pays no virtual time for it. Racing duplicates are settled by ON CONFLICT; the
 # loser is told (a NULL id) and refunds the clock with FAIR_CLOCK_REFUND. pg_notify is
 # delivered only on commit: a rolled-back enqueue leaves no job, no charged virtual time
 # and no wake-up.
+# Locks: the tenant's fair-clock row for (queue, tenant, priority), by INSERT .. ON CONFLICT
+#   DO UPDATE, until the caller's transaction ends. Concurrent enqueues of one tenant at one
+#   level therefore serialise and get distinct vtimes; other tenants are not blocked.
+# Indexes: pgqueue_fair_clock_uniq (the upsert), pgqueue_job_claim and
+#   pgqueue_fair_clock_level (the level head, one tuple each), pgqueue_job_idempotency.
+# Called by: store.enqueue, from services.enqueue / enqueue_many (the Python API, the HTTP
+#   API and the Tasks backend), inside the caller's transaction.
 JOB_ENQUEUE = f"""
 WITH tenant_row AS ({_TENANT_ENSURE}),
 weight AS (SELECT {tenant_weight("%(tenant)s", "%(queue)s")} AS w),
@@ -70,21 +97,25 @@ inserted AS (
       FROM clock, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id
+    RETURNING id, run_at, created_at, vtime
 )
 -- One row per inserted job; a single row with a NULL id when the clock was charged but
 -- ON CONFLICT inserted nothing (the caller refunds); no row when nothing was charged.
-SELECT inserted.id, (SELECT pg_notify(%(channel)s, %(queue)s)) IS NULL
+SELECT {_enqueued("inserted")}, (SELECT pg_notify(%(channel)s, %(queue)s)) IS NULL
   FROM clock LEFT JOIN inserted ON TRUE
  ORDER BY inserted.id
 """
 
 # -- name: JOB_ENQUEUE_SCHEDULED
-# Enqueue 1..1,000 jobs that become runnable later (run_at in the future). They wait in
-# 'scheduled', outside the claim index, and get their vtime when JOB_PROMOTE makes them
-# runnable. The tenant's clock row is created here (DO NOTHING: no lock on an existing
-# row) so that promotion only ever locks rows that exist.
-# Indexes: pgqueue_job_scheduled gains the rows; pgqueue_job_idempotency.
+# Enqueue 1..1,000 jobs that become runnable later (run_at in the future), returning
+# each new job's columns (_enqueued; vtime is NULL). They wait in 'scheduled', outside the claim
+# index, and get their vtime when JOB_PROMOTE_DUE makes them runnable. No wake-up: nothing
+# is runnable yet.
+# Locks: none held on existing rows. The tenant's clock row is created here (DO NOTHING:
+#   no lock on an existing row) so that promotion only ever locks rows that exist.
+# Indexes: pgqueue_job_scheduled gains the rows; pgqueue_job_idempotency;
+#   pgqueue_fair_clock_uniq.
+# Called by: store.enqueue (with a run_at), from services.enqueue / enqueue_many.
 JOB_ENQUEUE_SCHEDULED = f"""
 WITH tenant_row AS ({_TENANT_ENSURE}),
 clock AS (
@@ -100,34 +131,25 @@ inserted AS (
       FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id
+    RETURNING id, run_at, created_at, vtime
 )
-SELECT id, TRUE FROM inserted ORDER BY id
+SELECT {_enqueued("inserted")}, TRUE FROM inserted ORDER BY id
 """
 
 # -- name: FAIR_CLOCK_REFUND
 # Gives back the virtual time JOB_ENQUEUE charged for a job that ON CONFLICT did not
-# insert (a concurrent duplicate idempotency key). The caller's transaction still holds
-# the row lock JOB_ENQUEUE took, so nothing else moved the clock in between.
+# insert (a concurrent duplicate idempotency key).
+# Locks: the clock row, which the caller's transaction already holds since JOB_ENQUEUE
+#   (so nothing else moved the clock in between).
+# Index: pgqueue_fair_clock_uniq.
+# Called by: store.refund_clock, from services.enqueue (a duplicate key lost the race).
 FAIR_CLOCK_REFUND = f"""
 UPDATE pgqueue_fair_clock
    SET vtime = vtime - %(n)s / {tenant_weight("%(tenant)s", "%(queue)s")}
  WHERE queue = %(queue)s AND tenant = %(tenant)s AND priority = %(priority)s
 """
 
-# -- name: JOB_GET_BY_IDEMPOTENCY_KEY
-# The job an idempotency key already names (index pgqueue_job_idempotency).
-JOB_GET_BY_IDEMPOTENCY_KEY = """
-SELECT id FROM pgqueue_job WHERE tenant = %(tenant)s AND idempotency_key = %(idempotency_key)s
-"""
-
-# The claim, as CTEs that end in ``claimed`` (the rows now leased to %(worker)s). Used by
-# JOB_CLAIM and JOB_COMPLETE_AND_CLAIM.
-# Locks: the chosen rows, FOR UPDATE SKIP LOCKED: rows another claimer holds are skipped,
-#   never waited on, so N workers take N different jobs and none is handed out twice.
-#   The transaction commits at once; nothing stays locked while the job runs (the lease
-#   takes over).
-# Index: pgqueue_job_claim, one range scan per queue, already in claim order.
+# The claim's CTEs end in ``claimed`` (the rows now leased to %(worker)s); see JOB_CLAIM.
 # The CTE that locks is MATERIALIZED so that locking happens once, before the UPDATE.
 _CLAIM_ONE_QUEUE = """
 picked AS MATERIALIZED (
@@ -159,14 +181,14 @@ picked AS (
      ORDER BY priority DESC, rank, ord
      LIMIT %(limit)s
 ),"""
-_CLAIM_UPDATE = """
+_CLAIM_UPDATE = f"""
 claimed AS (
     UPDATE pgqueue_job j
        SET status = 'running',
            attempts = j.attempts + 1,
            lease_owner = %(worker)s,
-           lease_expires_at = now() + %(lease)s * interval '1 second',
-           started_at = now()
+           lease_expires_at = {NOW} + %(lease)s * interval '1 second',
+           started_at = {NOW}
       FROM picked
      WHERE j.id = picked.id
     RETURNING j.id, j.task, j.payload::text AS payload, j.tenant, j.queue, j.priority,
@@ -176,17 +198,15 @@ _CLAIMED_COLUMNS = (
     "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, vtime"
 )
 
-# Completions, as CTEs that end in ``done`` (the ids recorded). Fenced: a job whose lease
-# was lost (reaped, or claimed again by anyone, this worker included) does not match and
-# is not returned. Locks the matched job rows (PK lookups); one attempt row each.
-_COMPLETE = """
+# Completions, as CTEs that end in ``done`` (the ids recorded); see JOB_COMPLETE_MANY.
+_COMPLETE = f"""
 done_input AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::text[])
         AS i(id, attempt, result)
 ),
 done AS (
     UPDATE pgqueue_job j
-       SET status = 'done', result = i.result::jsonb, finished_at = now(),
+       SET status = 'done', result = i.result::jsonb, finished_at = {NOW},
            lease_expires_at = NULL
       FROM done_input i
      WHERE j.id = i.id AND j.attempts = i.attempt
@@ -195,36 +215,70 @@ done AS (
 ),
 done_history AS (
     INSERT INTO pgqueue_job_attempt (job_id, attempt, worker, started_at, finished_at, outcome)
-    SELECT id, attempts, %(worker)s, started_at, now(), 'done' FROM done
+    SELECT id, attempts, %(worker)s, started_at, {NOW}, 'done' FROM done
 )"""
 
-# -- name: JOB_CLAIM / JOB_CLAIM_MANY_QUEUES
-# Claim up to %(limit)s runnable jobs for one worker (see _CLAIM_* above). Called by workers
-# when they have idle slots and nothing to record.
+# -- name: JOB_CLAIM
+# Claim up to %(limit)s runnable jobs of one queue for one worker: a lease of %(lease)s
+# seconds from %(now)s, attempts + 1. Returns them with _CLAIMED_COLUMNS.
+# Locks: the chosen rows, FOR UPDATE SKIP LOCKED: rows another claimer holds are skipped,
+#   never waited on, so N workers take N different jobs and none is handed out twice.
+#   The transaction commits at once; nothing stays locked while the job runs (the lease
+#   takes over).
+# Index: pgqueue_job_claim, one range scan, already in claim order.
+# Called by: store.claim, from the worker runtime when it has free slots and no success to
+#   record (alone), or after recording failures (in their transaction).
 JOB_CLAIM = f"WITH {_CLAIM_ONE_QUEUE}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
+
+# -- name: JOB_CLAIM_MANY_QUEUES
+# JOB_CLAIM for a worker of several queues: each queue offers its best %(limit)s jobs, and
+# the claim takes them rank by rank across queues.
+# Locks: as JOB_CLAIM, in every queue's candidates (the candidates beyond %(limit)s stay
+#   locked, unclaimed, until the claim's transaction commits at once).
+# Index: pgqueue_job_claim, one range scan per queue.
+# Called by: store.claim with more than one queue, from the worker runtime.
 JOB_CLAIM_MANY_QUEUES = (
     f"WITH {_CLAIM_MANY_QUEUES}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
 )
 
 # -- name: JOB_COMPLETE_MANY
-# Record successes for jobs this worker holds (see _COMPLETE above).
+# Record successes for jobs this worker holds, one attempt row each, all stamped %(now)s.
+# Fenced: a job whose lease was lost (reaped, or claimed again by anyone, this worker
+# included) does not match and is not returned.
+# Locks: the matched job rows, until the worker's transaction commits, at once.
+# Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease.
+# Called by: store.complete_many, from the worker runtime when its batch also holds
+#   failures or no slot is free (with JOB_FAIL_MANY and JOB_CLAIM, in one transaction).
 JOB_COMPLETE_MANY = f"WITH {_COMPLETE}\nSELECT id FROM done"
 
-# -- name: JOB_COMPLETE_AND_CLAIM / JOB_COMPLETE_AND_CLAIM_MANY_QUEUES
-# A worker's steady state in one statement, one round trip and one commit: record the
-# successes of the jobs that finished and claim as many new ones as that freed. The two
-# parts touch disjoint rows (running ones are recorded, queued ones claimed). Returns the
-# claimed jobs (is_claim true) and the recorded ids (is_claim false).
+# A worker's steady state in one statement, one round trip and one commit: the two parts
+# touch disjoint rows (running ones are recorded, queued ones claimed). Returns the claimed
+# jobs (is_claim true) and the recorded ids (is_claim false).
 _COMPLETE_AND_CLAIM = """
 SELECT TRUE AS is_claim, {columns} FROM claimed
 UNION ALL
 SELECT FALSE, id, NULL::text, NULL::text, NULL::text, NULL::varchar, NULL::smallint, NULL::int,
        NULL::int, NULL::timestamptz, NULL::float8
   FROM done"""
+
+# -- name: JOB_COMPLETE_AND_CLAIM
+# JOB_COMPLETE_MANY and JOB_CLAIM in one statement (see _COMPLETE_AND_CLAIM): record the
+# successes of the jobs that finished and claim as many new ones as that freed, all at
+# %(now)s.
+# Locks: the recorded rows (PK) and the claimed rows (FOR UPDATE SKIP LOCKED), until the
+#   statement's transaction commits at once.
+# Indexes: pgqueue_job_pkey (the completions), pgqueue_job_claim (the claim, one range scan).
+# Called by: store.complete_and_claim, from the worker runtime in its steady state.
 JOB_COMPLETE_AND_CLAIM = (
     f"WITH {_COMPLETE},{_CLAIM_ONE_QUEUE}{_CLAIM_UPDATE}"
     + _COMPLETE_AND_CLAIM.format(columns=_CLAIMED_COLUMNS)
 )
+
+# -- name: JOB_COMPLETE_AND_CLAIM_MANY_QUEUES
+# JOB_COMPLETE_AND_CLAIM for a worker of several queues (the claim of JOB_CLAIM_MANY_QUEUES).
+# Locks: as JOB_COMPLETE_AND_CLAIM.
+# Indexes: pgqueue_job_pkey, pgqueue_job_claim (one range scan per queue).
+# Called by: store.complete_and_claim with more than one queue, from the worker runtime.
 JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
     f"WITH {_COMPLETE},{_CLAIM_MANY_QUEUES}{_CLAIM_UPDATE}"
     + _COMPLETE_AND_CLAIM.format(columns=_CLAIMED_COLUMNS)
@@ -232,9 +286,14 @@ JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
 
 # -- name: JOB_FAIL_MANY
 # Record failures for jobs this worker holds. Out of attempts, or a permanent error, means
-# dead; otherwise back to scheduled with full-jitter exponential backoff, outside the claim
-# index until JOB_PROMOTE gives it a fresh vtime. Fenced like JOB_COMPLETE_MANY. Writes one
-# attempt row per job with the error and traceback.
+# dead; otherwise back to scheduled with full-jitter exponential backoff from %(now)s,
+# outside the claim index until JOB_PROMOTE_DUE gives it a fresh vtime. Fenced like
+# JOB_COMPLETE_MANY. Writes one attempt row per job with the error and traceback.
+# Locks: the matched job rows, until the worker's transaction commits, at once.
+# Index: pgqueue_job_pkey (PK lookups); the rows move from pgqueue_job_lease to
+#   pgqueue_job_scheduled.
+# Called by: store.fail_many, from the worker runtime (with JOB_COMPLETE_MANY and
+#   JOB_CLAIM, in one transaction).
 JOB_FAIL_MANY = f"""
 WITH input AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[],
@@ -246,10 +305,10 @@ failed AS (
        SET status = CASE WHEN i.permanent OR j.attempts >= j.max_attempts
                          THEN 'dead' ELSE 'scheduled' END,
            run_at = CASE WHEN i.permanent OR j.attempts >= j.max_attempts THEN j.run_at
-                         ELSE now() + {BACKOFF.format(attempts="j.attempts")}
+                         ELSE {NOW} + {BACKOFF.format(attempts="j.attempts")}
                               * interval '1 second' END,
            finished_at = CASE WHEN i.permanent OR j.attempts >= j.max_attempts
-                              THEN now() END,
+                              THEN {NOW} END,
            last_error = i.error,
            lease_expires_at = NULL
       FROM input i
@@ -260,20 +319,23 @@ failed AS (
 history AS (
     INSERT INTO pgqueue_job_attempt
            (job_id, attempt, worker, started_at, finished_at, outcome, error, traceback)
-    SELECT id, attempts, %(worker)s, started_at, now(), 'failed', error, tb FROM failed
+    SELECT id, attempts, %(worker)s, started_at, {NOW}, 'failed', error, tb FROM failed
 )
 SELECT id, status, run_at FROM failed
 """
 
 # -- name: JOB_HEARTBEAT_MANY
-# Extend the leases of every job a worker holds, in one statement, every lease/3, and mark
-# the worker seen. Fenced: a job not returned was lost (reaped and possibly claimed again)
-# and its handler must not record a result. Locks the matched rows (PK lookups) and the
-# worker's registry row; pgqueue_job_lease is updated.
-JOB_HEARTBEAT_MANY = """
-WITH seen AS (UPDATE pgqueue_worker SET last_seen_at = now() WHERE id = %(worker)s)
+# Extend the leases of every job a worker holds to %(now)s + %(lease)s seconds, in one
+# statement, and mark the worker seen. Fenced: a job not returned was lost (reaped and
+# possibly claimed again) and its handler must not record a result.
+# Locks: the matched job rows and the worker's registry row, until the caller's
+#   transaction ends (autocommit: at once).
+# Indexes: pgqueue_job_pkey (PK lookups; pgqueue_job_lease is updated), pgqueue_worker_pkey.
+# Called by: store.heartbeat_many, from the worker runtime's heartbeat thread every lease/3.
+JOB_HEARTBEAT_MANY = f"""
+WITH seen AS (UPDATE pgqueue_worker SET last_seen_at = {NOW} WHERE id = %(worker)s)
 UPDATE pgqueue_job j
-   SET lease_expires_at = now() + %(lease)s * interval '1 second'
+   SET lease_expires_at = {NOW} + %(lease)s * interval '1 second'
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
  WHERE j.id = i.id AND j.attempts = i.attempt
    AND j.status = 'running' AND j.lease_owner = %(worker)s
@@ -284,6 +346,10 @@ RETURNING j.id
 # Give back jobs a stopping worker claimed but never started: queued again with their old
 # vtime (they keep their place) and the attempt not counted. Fenced like a completion.
 # Notifies their queues so another worker takes them at once.
+# Locks: the matched job rows, until the caller's transaction ends (autocommit: at once).
+# Index: pgqueue_job_pkey (PK lookups); the rows move from pgqueue_job_lease back to
+#   pgqueue_job_claim.
+# Called by: store.release_many, from the worker runtime when it stops.
 JOB_RELEASE_MANY = """
 WITH released AS (
     UPDATE pgqueue_job j
@@ -298,10 +364,13 @@ SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM released
 """
 
 # -- name: JOB_REAP_EXPIRED
-# Recover jobs whose lease ran out (their worker died or stalled). Each expiry counts as an
-# attempt: back to scheduled with backoff, or dead when none are left, so a job that
-# crashes every worker ends dead instead of looping. Called by maintenance (one worker at
-# a time). Locks: the expired rows, SKIP LOCKED. Index: pgqueue_job_lease.
+# Recover jobs whose lease ran out before %(now)s (their worker died or stalled). Each
+# expiry counts as an attempt: back to scheduled with backoff, or dead when none are left,
+# so a job that crashes every worker ends dead instead of looping.
+# Locks: the expired rows, FOR UPDATE SKIP LOCKED (a row a late completion holds is left
+#   for the next run), until maintenance's transaction ends.
+# Index: pgqueue_job_lease, in expiry order.
+# Called by: store.reap_expired, from maintenance (one worker at a time).
 JOB_REAP_EXPIRED = f"""
 WITH expired AS MATERIALIZED (
     SELECT id, lease_owner FROM pgqueue_job
@@ -333,6 +402,7 @@ history AS (
 SELECT id, status FROM reaped
 """
 
+# Promotion of the scheduled jobs that ``{due}`` selects; see JOB_PROMOTE_DUE.
 _PROMOTE = f"""
 WITH due AS MATERIALIZED (
     SELECT id, queue, tenant, priority, run_at FROM pgqueue_job
@@ -378,23 +448,32 @@ SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM promoted ORDER BY id
 """
 
 # -- name: JOB_PROMOTE_DUE
-# Make due scheduled jobs runnable, assigning fresh fair vtimes (a job back from a backoff
-# does not jump the line). Called by maintenance. Locks: the due jobs (SKIP LOCKED, index
-# pgqueue_job_scheduled), then their tenants' clock rows in sorted (queue, tenant,
-# priority) order with SKIP LOCKED: a clock held by an open enqueue transaction is skipped
-# until the next run instead of waited on, and the fixed order means two promoters can
-# never deadlock. Each level's head is one tuple of pgqueue_job_claim. Notifies each queue.
+# Make scheduled jobs due by %(now)s runnable, assigning fresh fair vtimes (a job back
+# from a backoff does not jump the line). Notifies each queue.
+# Locks: the due jobs (SKIP LOCKED), then their tenants' clock rows in sorted (queue,
+#   tenant, priority) order with SKIP LOCKED: a clock held by an open enqueue transaction
+#   is skipped until the next run instead of waited on, and the fixed order means two
+#   promoters can never deadlock. Held until maintenance's transaction ends.
+# Indexes: pgqueue_job_scheduled (due jobs by run_at), pgqueue_fair_clock_uniq, and one
+#   tuple of pgqueue_job_claim / pgqueue_fair_clock_level for each level's head.
+# Called by: store.promote_due, from maintenance (one worker at a time).
 JOB_PROMOTE_DUE = _PROMOTE.format(due=f"status = 'scheduled' AND run_at <= {NOW}")
 
-# -- name: JOB_PROMOTE_IDS
-# The same for named scheduled jobs, whatever their run_at (retry, "run now"). Locks as
-# JOB_PROMOTE_DUE; the rows are found by primary key.
-JOB_PROMOTE_IDS = _PROMOTE.format(due="status = 'scheduled' AND id = ANY(%(ids)s::bigint[])")
+# -- name: JOB_PROMOTE_MANY
+# JOB_PROMOTE_DUE for named scheduled jobs, whatever their run_at (retry, "run now").
+# Locks: as JOB_PROMOTE_DUE, until the operator action's transaction ends.
+# Indexes: pgqueue_job_pkey (the named rows), then as JOB_PROMOTE_DUE.
+# Called by: store.promote_ids, from services.retry_jobs / run_jobs_now, after
+#   JOB_RETRY_MANY / JOB_MAKE_DUE_MANY in the same transaction.
+JOB_PROMOTE_MANY = _PROMOTE.format(due="status = 'scheduled' AND id = ANY(%(ids)s::bigint[])")
 
 # -- name: JOB_CANCEL_MANY
 # Cancel scheduled or queued jobs. A job being claimed at this instant is locked by the
 # claim; the UPDATE waits for it, re-checks the status and skips it (it is running now).
-# PK lookups; the rows leave pgqueue_job_claim / pgqueue_job_scheduled.
+# Locks: the matched rows, until the operator action's transaction ends.
+# Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_claim /
+#   pgqueue_job_scheduled.
+# Called by: store.cancel_many, from services.cancel_jobs (admin, HTTP API, Python API).
 JOB_CANCEL_MANY = """
 UPDATE pgqueue_job
    SET status = 'cancelled', finished_at = now()
@@ -404,9 +483,12 @@ RETURNING id
 
 # -- name: JOB_RETRY_MANY
 # Send dead or cancelled jobs back: attempts start again from 0 (history is kept) and the
-# job waits in scheduled until its run_at; the caller then runs JOB_PROMOTE_IDS in the same
-# transaction for those already due (the ``due`` column), which gives them a fresh fair
-# vtime. PK lookups.
+# job waits in scheduled until its run_at; the caller then runs JOB_PROMOTE_MANY in the
+# same transaction for those already due (the ``due`` column), which gives them a fresh
+# fair vtime.
+# Locks: the matched rows, until the operator action's transaction ends.
+# Index: pgqueue_job_pkey (PK lookups); the rows join pgqueue_job_scheduled.
+# Called by: store.retry_many, from services.retry_jobs (admin, HTTP API, Python API).
 JOB_RETRY_MANY = """
 UPDATE pgqueue_job
    SET status = 'scheduled', attempts = 0, vtime = NULL, result = NULL,
@@ -416,30 +498,44 @@ UPDATE pgqueue_job
 RETURNING id, run_at <= now() AS due
 """
 
-# -- name: JOB_RUN_NOW_MANY
-# Make scheduled jobs due now; the caller runs JOB_PROMOTE_IDS next. PK lookups.
-JOB_RUN_NOW_MANY = """
+# -- name: JOB_MAKE_DUE_MANY
+# Make scheduled jobs due now ("run now"); the caller runs JOB_PROMOTE_MANY next.
+# Locks: the matched rows, until the operator action's transaction ends.
+# Index: pgqueue_job_pkey (PK lookups).
+# Called by: store.run_now_many, from services.run_jobs_now (the admin's action).
+JOB_MAKE_DUE_MANY = """
 UPDATE pgqueue_job SET run_at = now()
  WHERE id = ANY(%(ids)s::bigint[]) AND status = 'scheduled'
 RETURNING id
 """
 
-# -- name: JOB_STATUS_MANY
-# Current status of jobs, to explain why an operation skipped them. PK lookups.
-JOB_STATUS_MANY = """
+# -- name: JOB_GET_STATUS_MANY
+# Current status of jobs, to explain why an operation skipped them.
+# Locks: none (a plain read).
+# Index: pgqueue_job_pkey (PK lookups).
+# Called by: store.statuses, from the services' operator actions (cancel, retry, run now).
+JOB_GET_STATUS_MANY = """
 SELECT id, status FROM pgqueue_job WHERE id = ANY(%(ids)s::bigint[])
 """
 
-# -- name: TENANT_SET_WEIGHT
-# Create or update a tenant's weight in every queue. Locks the tenant row. Takes effect
-# for jobs that become runnable afterwards.
-TENANT_SET_WEIGHT = """
+# -- name: TENANT_WEIGHT_SET
+# Create or update a tenant's weight in every queue. Takes effect for jobs that become
+# runnable afterwards.
+# Locks: the tenant row, until the caller's transaction ends.
+# Index: pgqueue_tenant_pkey.
+# Called by: store.set_weight (no queue), from services.set_tenant_weight (admin, HTTP API).
+TENANT_WEIGHT_SET = """
 INSERT INTO pgqueue_tenant (name, weight) VALUES (%(tenant)s, %(weight)s)
 ON CONFLICT (name) DO UPDATE SET weight = EXCLUDED.weight
 """
 
 # -- name: QUEUE_WEIGHT_SET
-# Override a tenant's weight in one queue (creating the tenant if new).
+# Override a tenant's weight in one queue (creating the tenant if new). Takes effect for
+# jobs that become runnable afterwards.
+# Locks: the (tenant, queue) override row, until the caller's transaction ends; none on
+#   the tenant row (_TENANT_ENSURE).
+# Indexes: pgqueue_queue_weight_uniq, pgqueue_tenant_pkey.
+# Called by: store.set_weight with a queue, from services.set_tenant_weight.
 QUEUE_WEIGHT_SET = f"""
 WITH tenant_row AS ({_TENANT_ENSURE})
 INSERT INTO pgqueue_queue_weight (queue, tenant, weight)
@@ -448,14 +544,21 @@ ON CONFLICT (tenant, queue) DO UPDATE SET weight = EXCLUDED.weight
 """
 
 # -- name: MAINTENANCE_TRY_LOCK
-# One worker at a time runs maintenance: a transaction-scoped advisory lock, released by
-# the transaction's end (so a worker that dies mid-run frees it at once). Never waits.
+# One worker at a time runs maintenance. Never waits: a worker that does not get the lock
+# skips this round.
+# Locks: a transaction-scoped advisory lock, released by the transaction's end (so a worker
+#   that dies mid-run frees it at once).
+# Index: none (no table is read).
+# Called by: store.try_maintenance_lock, at the start of maintenance's transaction.
 MAINTENANCE_TRY_LOCK = """
 SELECT pg_try_advisory_xact_lock(%(key)s)
 """
 
 # -- name: WORKER_REGISTER
-# A worker process records itself at start (PK upsert on its id).
+# A worker process records itself at start (or again, after a restart with the same id).
+# Locks: the worker's row (PK upsert), until autocommit ends the statement.
+# Index: pgqueue_worker_pkey.
+# Called by: store.register_worker, from the worker runtime at start.
 WORKER_REGISTER = """
 INSERT INTO pgqueue_worker (id, host, pid, queues, concurrency)
 VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s)
@@ -466,23 +569,34 @@ ON CONFLICT (id) DO UPDATE
 
 # -- name: WORKER_STOP
 # A worker marks itself stopped on a clean exit; a killed one just stops being seen.
+# Locks: the worker's row, until autocommit ends the statement.
+# Index: pgqueue_worker_pkey.
+# Called by: store.stop_worker, from the worker runtime as it exits.
 WORKER_STOP = """
 UPDATE pgqueue_worker SET stopped_at = now(), last_seen_at = now() WHERE id = %(worker)s
 """
 
 # -- name: WORKER_PRUNE
-# Maintenance forgets workers not seen for a day (the registry is for the living).
+# Forget workers not seen for a day (the registry is for the living).
+# Locks: the deleted rows, until maintenance's transaction ends.
+# Index: none: a sequential scan of pgqueue_worker, which holds one row per worker
+#   process seen in the last day.
+# Called by: store.prune_workers, from maintenance (one worker at a time).
 WORKER_PRUNE = """
 DELETE FROM pgqueue_worker WHERE last_seen_at < now() - interval '1 day'
 """
 
 # -- name: TASK_STAT_FOLD
 # Fold attempt rows finished more than %(settle)s seconds ago into pgqueue_task_stat,
-# oldest first, at most %(limit)s per run. Called by maintenance (one worker at a time;
-# the mark row is locked too). Attempt ids are given out before their transactions commit,
-# so a row could become visible after a larger id was folded: the settle delay (far longer
-# than a worker's one-statement commit) keeps rows whose transaction may still be open out.
-# Index: pgqueue_job_attempt_pkey (id > mark), pgqueue_job_pkey (the task of each).
+# oldest first, at most %(limit)s per run. Attempt ids are given out before their
+# transactions commit, so a row could become visible after a larger id was folded: the
+# settle delay (far longer than a worker's one-statement commit) keeps rows whose
+# transaction may still be open out.
+# Locks: the mark row (FOR UPDATE) and the upserted stat rows, until maintenance's
+#   transaction ends.
+# Indexes: pgqueue_job_attempt_pkey (id > mark), pgqueue_job_pkey (the task of each),
+#   pgqueue_task_stat_uniq (the upsert).
+# Called by: store.fold_task_stats, from maintenance (one worker at a time).
 TASK_STAT_FOLD = """
 WITH mark AS (
     SELECT COALESCE(

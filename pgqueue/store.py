@@ -11,7 +11,7 @@ import datetime as dt
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import sql
 from .conf import pgqueue_settings
@@ -47,6 +47,16 @@ def _ids(rows: Iterable[Sequence[Any]]) -> list[int]:
     return [row[0] for row in rows]
 
 
+class NewJob(NamedTuple):
+    """What the enqueue statements return of each new job; all but the id only when the
+    statement enqueued one job (see ``sql._enqueued``)."""
+
+    id: int
+    run_at: dt.datetime | None
+    created_at: dt.datetime | None
+    vtime: float | None
+
+
 def enqueue(
     cursor: Any,
     *,
@@ -59,11 +69,11 @@ def enqueue(
     count: int,
     idempotency_key: str | None = None,
     run_at: dt.datetime | None = None,
-) -> tuple[list[int], bool]:
+) -> tuple[list[NewJob], bool]:
     """Insert ``count`` jobs whose payloads are the JSON array ``payloads_json``.
 
     Runnable at once when ``run_at`` is None (JOB_ENQUEUE), else scheduled
-    (JOB_ENQUEUE_SCHEDULED). Returns the new ids in payload order; none when the
+    (JOB_ENQUEUE_SCHEDULED). Returns the new jobs in payload order; none when the
     idempotency key was taken. ``charged`` tells whether the tenant's clock was moved for
     jobs that were not inserted (a racing duplicate key): the caller must refund it.
     """
@@ -82,8 +92,8 @@ def enqueue(
     }
     cursor.execute(sql.JOB_ENQUEUE if run_at is None else sql.JOB_ENQUEUE_SCHEDULED, params)
     rows = cursor.fetchall()
-    ids = [row[0] for row in rows if row[0] is not None]
-    return ids, len(rows) > len(ids)
+    jobs = [NewJob(row[0], row[1], row[2], row[3]) for row in rows if row[0] is not None]
+    return jobs, len(rows) > len(jobs)
 
 
 def refund_clock(cursor: Any, *, tenant: str, queue: str, priority: int, count: int) -> None:
@@ -92,25 +102,30 @@ def refund_clock(cursor: Any, *, tenant: str, queue: str, priority: int, count: 
     )
 
 
-def job_id_for_key(cursor: Any, *, tenant: str, idempotency_key: str) -> int | None:
-    cursor.execute(
-        sql.JOB_GET_BY_IDEMPOTENCY_KEY, {"tenant": tenant, "idempotency_key": idempotency_key}
-    )
-    row = cursor.fetchone()
-    return row[0] if row else None
-
-
 def _claimed(row: Sequence[Any]) -> ClaimedJob:
     return ClaimedJob(
         row[0], row[1], json.loads(row[2]), row[3], row[4], row[5], row[6], row[7], row[8], row[9]
     )
 
 
+def _lease(lease_seconds: float | None) -> float:
+    return float(pgqueue_settings.LEASE_SECONDS if lease_seconds is None else lease_seconds)
+
+
 def _claim_params(
-    worker: str, queues: Sequence[str], limit: int, lease_seconds: float | None
+    worker: str,
+    queues: Sequence[str],
+    limit: int,
+    lease_seconds: float | None,
+    now: dt.datetime | None,
 ) -> dict[str, Any]:
-    lease = pgqueue_settings.LEASE_SECONDS if lease_seconds is None else lease_seconds
-    return {"queues": list(queues), "limit": limit, "worker": worker, "lease": float(lease)}
+    return {
+        "queues": list(queues),
+        "limit": limit,
+        "worker": worker,
+        "lease": _lease(lease_seconds),
+        "now": now,
+    }
 
 
 def _best_first(jobs: list[ClaimedJob]) -> list[ClaimedJob]:
@@ -125,10 +140,14 @@ def claim(
     queues: Sequence[str],
     limit: int,
     lease_seconds: float | None = None,
+    now: dt.datetime | None = None,
 ) -> list[ClaimedJob]:
-    """Claim up to ``limit`` runnable jobs (JOB_CLAIM), best first."""
+    """Claim up to ``limit`` runnable jobs (JOB_CLAIM), best first.
+
+    The lease runs from ``now`` (default: the transaction's time), which tests inject.
+    """
     statement = sql.JOB_CLAIM if len(queues) == 1 else sql.JOB_CLAIM_MANY_QUEUES
-    cursor.execute(statement, _claim_params(worker, queues, limit, lease_seconds))
+    cursor.execute(statement, _claim_params(worker, queues, limit, lease_seconds, now))
     return _best_first([_claimed(r) for r in cursor.fetchall()])
 
 
@@ -140,15 +159,16 @@ def complete_and_claim(
     queues: Sequence[str],
     limit: int,
     lease_seconds: float | None = None,
+    now: dt.datetime | None = None,
 ) -> tuple[set[int], list[ClaimedJob]]:
-    """Record successes and claim up to ``limit`` jobs in one statement.
+    """Record successes and claim up to ``limit`` jobs in one statement, both at ``now``.
 
     Returns the ids recorded (the others were fenced out) and the claimed jobs.
     """
     statement = (
         sql.JOB_COMPLETE_AND_CLAIM if len(queues) == 1 else sql.JOB_COMPLETE_AND_CLAIM_MANY_QUEUES
     )
-    params = _claim_params(worker, queues, limit, lease_seconds)
+    params = _claim_params(worker, queues, limit, lease_seconds, now)
     params.update(_complete_params(results))
     cursor.execute(statement, params)
     recorded: set[int] = set()
@@ -170,22 +190,33 @@ def _complete_params(results: Sequence[tuple[int, int, str | None]]) -> dict[str
 
 
 def complete_many(
-    cursor: Any, *, worker: str, results: Sequence[tuple[int, int, str | None]]
+    cursor: Any,
+    *,
+    worker: str,
+    results: Sequence[tuple[int, int, str | None]],
+    now: dt.datetime | None = None,
 ) -> set[int]:
     """Record successes: ``(job id, attempt, result as JSON text or None)`` each.
 
     Returns the ids recorded; the others had lost their lease (fenced out).
     """
-    cursor.execute(sql.JOB_COMPLETE_MANY, {"worker": worker, **_complete_params(results)})
+    params = {"worker": worker, "now": now, **_complete_params(results)}
+    cursor.execute(sql.JOB_COMPLETE_MANY, params)
     return set(_ids(cursor.fetchall()))
 
 
-def fail_many(cursor: Any, *, worker: str, failures: Sequence[Failure]) -> dict[int, str]:
-    """Record failures. Returns ``{job id: new status}`` for those not fenced out."""
+def fail_many(
+    cursor: Any, *, worker: str, failures: Sequence[Failure], now: dt.datetime | None = None
+) -> dict[int, str]:
+    """Record failures, backoffs counted from ``now``.
+
+    Returns ``{job id: new status}`` for those not fenced out.
+    """
     cursor.execute(
         sql.JOB_FAIL_MANY,
         {
             "worker": worker,
+            "now": now,
             "ids": [f.id for f in failures],
             "attempts": [f.attempt for f in failures],
             "errors": [f.error for f in failures],
@@ -204,16 +235,20 @@ def heartbeat_many(
     worker: str,
     held: Sequence[tuple[int, int]],
     lease_seconds: float | None = None,
+    now: dt.datetime | None = None,
 ) -> set[int]:
-    """Extend the leases of ``(job id, attempt)`` pairs. Returns the ids still held."""
-    lease = pgqueue_settings.LEASE_SECONDS if lease_seconds is None else lease_seconds
+    """Extend the leases of ``(job id, attempt)`` pairs to ``now`` + the lease.
+
+    Returns the ids still held.
+    """
     cursor.execute(
         sql.JOB_HEARTBEAT_MANY,
         {
             "worker": worker,
             "ids": [h[0] for h in held],
             "attempts": [h[1] for h in held],
-            "lease": float(lease),
+            "lease": _lease(lease_seconds),
+            "now": now,
         },
     )
     return set(_ids(cursor.fetchall()))
@@ -252,9 +287,9 @@ def promote_due(
 
 
 def promote_ids(cursor: Any, ids: Sequence[int]) -> list[int]:
-    """Make the named scheduled jobs runnable now (JOB_PROMOTE_IDS)."""
+    """Make the named scheduled jobs runnable now (JOB_PROMOTE_MANY)."""
     cursor.execute(
-        sql.JOB_PROMOTE_IDS,
+        sql.JOB_PROMOTE_MANY,
         {
             "ids": list(ids),
             "limit": len(ids),
@@ -281,17 +316,17 @@ def retry_many(cursor: Any, ids: Sequence[int]) -> list[tuple[int, bool]]:
 
 
 def run_now_many(cursor: Any, ids: Sequence[int]) -> list[int]:
-    return _update_ids(cursor, sql.JOB_RUN_NOW_MANY, ids)
+    return _update_ids(cursor, sql.JOB_MAKE_DUE_MANY, ids)
 
 
 def statuses(cursor: Any, ids: Sequence[int]) -> dict[int, str]:
-    cursor.execute(sql.JOB_STATUS_MANY, {"ids": list(ids)})
+    cursor.execute(sql.JOB_GET_STATUS_MANY, {"ids": list(ids)})
     return {row[0]: row[1] for row in cursor.fetchall()}
 
 
 def set_weight(cursor: Any, *, tenant: str, weight: float, queue: str | None = None) -> None:
     params = {"tenant": tenant, "weight": float(weight), "queue": queue}
-    cursor.execute(sql.TENANT_SET_WEIGHT if queue is None else sql.QUEUE_WEIGHT_SET, params)
+    cursor.execute(sql.TENANT_WEIGHT_SET if queue is None else sql.QUEUE_WEIGHT_SET, params)
 
 
 def release_many(cursor: Any, *, worker: str, held: Sequence[tuple[int, int]]) -> set[int]:

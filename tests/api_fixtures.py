@@ -12,7 +12,7 @@ from typing import Any
 from django.db import connection
 from rest_framework.test import APIClient
 
-from pgqueue import services, store
+from pgqueue import keys, services, store
 from pgqueue.models import Job
 from tests.conftest import claim, complete, fail
 
@@ -54,7 +54,7 @@ _queues = itertools.count(1)
 
 def new_key(tenant: str | None = None) -> str:
     """A fresh API key: bound to ``tenant``, or to all tenants when None."""
-    return services.create_api_key(tenant=tenant)[1]
+    return keys.create_api_key(tenant=tenant)[1]
 
 
 def client(key: str | None = None) -> APIClient:

@@ -36,32 +36,57 @@ def later(seconds: float) -> dt.datetime:
     return timezone.now() + dt.timedelta(seconds=seconds)
 
 
+def timeline() -> Callable[[float], dt.datetime]:
+    """``at(seconds)``: moments after one fixed start, to inject as ``now``.
+
+    A test that claims, heartbeats, completes and reaps at ``at(...)`` decides when each
+    lease runs out, whatever the wall clock did in between.
+    """
+    start = timezone.now()
+    return lambda seconds: start + dt.timedelta(seconds=seconds)
+
+
 def claim(
     worker: str = "w1",
     limit: int = 1,
     queues: tuple[str, ...] = ("default",),
     lease_seconds: float | None = None,
+    now: dt.datetime | None = None,
 ) -> list[store.ClaimedJob]:
     with connection.cursor() as cur:
         return store.claim(
-            cur, worker=worker, queues=list(queues), limit=limit, lease_seconds=lease_seconds
+            cur,
+            worker=worker,
+            queues=list(queues),
+            limit=limit,
+            lease_seconds=lease_seconds,
+            now=now,
         )
 
 
-def complete(worker: str, job: store.ClaimedJob, result: str | None = None) -> bool:
+def complete(
+    worker: str, job: store.ClaimedJob, result: str | None = None, now: dt.datetime | None = None
+) -> bool:
     with connection.cursor() as cur:
         return job.id in store.complete_many(
-            cur, worker=worker, results=[(job.id, job.attempt, result)]
+            cur, worker=worker, results=[(job.id, job.attempt, result)], now=now
         )
 
 
-def fail(worker: str, job: store.ClaimedJob, *, permanent: bool = False) -> str | None:
+def fail(
+    worker: str,
+    job: store.ClaimedJob,
+    *,
+    permanent: bool = False,
+    now: dt.datetime | None = None,
+) -> str | None:
     """Record a failure; returns the job's new status, or None when fenced out."""
     with connection.cursor() as cur:
         return store.fail_many(
             cur,
             worker=worker,
             failures=[store.Failure(job.id, job.attempt, "RuntimeError: boom", "tb", permanent)],
+            now=now,
         ).get(job.id)
 
 

@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.utils.html import escape
 
 import pgqueue
-from pgqueue import services, store
+from pgqueue import keys, services, store
 from pgqueue.admin import common as admin_common
 from pgqueue.admin import jobs as admin_jobs
 from pgqueue.models import ApiKey, Job, JobAttempt, Status, Tenant, Worker
@@ -662,14 +662,14 @@ class TestApiKeys:
         assert key not in row.key_hash and len(row.key_hash) == 64
         for value in ApiKey.objects.values().get().values():
             assert key not in str(value)
-        assert services.authenticate_api_key(key).pk == row.pk
+        assert keys.authenticate_api_key(key).pk == row.pk
         # Not shown again: neither on the list nor on the key's page.
         assert key not in admin_client.get(KEYS).content.decode()
         assert key not in admin_client.get(f"{KEYS}{row.pk}/change/").content.decode()
 
     def test_the_revoke_action_sets_revoked_at(self, admin_client):
-        first, key = services.create_api_key(name="one")
-        second, other = services.create_api_key(name="two")
+        first, key = keys.create_api_key(name="one")
+        second, other = keys.create_api_key(name="two")
         html = admin_client.get(KEYS).content.decode()
         assert 'value="revoke"' in html
         assert text(row_cells(html, first.prefix)["scope"]) == "all tenants"
@@ -679,11 +679,11 @@ class TestApiKeys:
         second.refresh_from_db()
         assert first.revoked_at is not None
         assert second.revoked_at is None
-        assert services.authenticate_api_key(key) is None
-        assert services.authenticate_api_key(other) is not None
+        assert keys.authenticate_api_key(key) is None
+        assert keys.authenticate_api_key(other) is not None
 
     def test_keys_cannot_be_edited_or_deleted(self, admin_client):
-        row, _ = services.create_api_key(name="one")
+        row, _ = keys.create_api_key(name="one")
         response = admin_client.post(f"{KEYS}{row.pk}/change/", {"name": "renamed"})
         assert response.status_code == 403
         assert admin_client.get(f"{KEYS}{row.pk}/delete/").status_code == 403

@@ -194,6 +194,56 @@ class TestEnqueue:
         assert response.status_code == 201, response.content
 
 
+class TestQueryBudget:
+    """What a POST costs, counted and pinned: the key's lookup, then the service layer's
+    statements, and no read-back of the job it answers with.
+
+    The first request of a key also records its last use (one UPDATE, at most once a
+    minute), so each test warms its key up first.
+    """
+
+    @pytest.fixture
+    def warm(self, api: APIClient) -> APIClient:
+        assert post_job(api, task="test.noop", tenant="acme").status_code == 201
+        return api
+
+    @staticmethod
+    def _statements(captured: Any) -> list[str]:
+        return [q["sql"].split(None, 1)[0].upper() for q in captured.captured_queries]
+
+    def test_post_jobs_is_the_key_lookup_and_the_enqueue(self, warm, django_assert_num_queries):
+        with django_assert_num_queries(2) as captured:  # SELECT the key, JOB_ENQUEUE
+            response = post_job(warm, task="test.echo", payload={"n": 1}, tenant="acme")
+        assert response.status_code == 201, response.content
+        assert self._statements(captured) == ["SELECT", "WITH"]
+        stored = Job.objects.get(pk=response.json()["id"])
+        assert when(response.json()["created_at"]) == stored.created_at
+        assert when(response.json()["run_at"]) == stored.run_at
+        with django_assert_num_queries(2):
+            assert post_job(warm, task="test.noop", delay_seconds=60).status_code == 201
+
+    def test_post_jobs_with_a_key_and_a_duplicate(self, warm, django_assert_num_queries):
+        # SELECT the key, SAVEPOINT, JOB_ENQUEUE, RELEASE SAVEPOINT
+        with django_assert_num_queries(4):
+            first = post_job(warm, task="test.noop", tenant="acme", idempotency_key="k")
+        assert first.status_code == 201, first.content
+        # ... and one read of the original job
+        with django_assert_num_queries(5) as captured:
+            again = post_job(warm, task="test.noop", tenant="acme", idempotency_key="k")
+        assert again.status_code == 200, again.content
+        assert again.json() == first.json()
+        assert self._statements(captured)[-1] == "SELECT"
+
+    def test_post_jobs_batch(self, warm, django_assert_num_queries):
+        # SELECT the key, SAVEPOINT, JOB_ENQUEUE, RELEASE SAVEPOINT
+        with django_assert_num_queries(4):
+            response = warm.post(
+                "/jobs/batch", {"task": "test.noop", "payloads": [{}] * 1000}, format="json"
+            )
+        assert response.status_code == 201, response.content
+        assert response.json()["count"] == 1000
+
+
 # -- refused requests: the right status, a JSON error, no job written ---------------------
 
 

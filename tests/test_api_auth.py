@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 from rest_framework.test import APIClient
 
-from pgqueue import services
+from pgqueue import keys, services
 from pgqueue.models import ApiKey, Job, QueueWeight, Tenant
 from tests.api_fixtures import (
     assert_error,
@@ -113,10 +113,10 @@ class TestWithoutValidCredentials:
         assert_401(response)
 
     def test_a_revoked_key_is_401(self):
-        row, key = services.create_api_key(tenant="acme")
+        row, key = keys.create_api_key(tenant="acme")
         api = client(key)
         assert api.get("/jobs").status_code == 200
-        services.revoke_api_key(row.prefix)
+        keys.revoke_api_key(row.prefix)
         assert_401(api.get("/jobs"))
         assert_401(api.post("/jobs", {"task": "test.noop"}, format="json"))
         assert job_rows() == 0

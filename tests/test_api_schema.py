@@ -14,7 +14,7 @@ from django.core.management import call_command
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
-from pgqueue import services
+from pgqueue import keys
 from pgqueue.models import Worker
 from tests.api_fixtures import client, make_job, new_key
 
@@ -178,7 +178,7 @@ def test_metrics_parse_and_hold_pgqueues_series():
     make_job("running", tenant="acme", queue="busy")
     make_job("dead", tenant="acme", queue="busy")
     Worker.objects.create(id="w-alive", host="h", pid=1, concurrency=1)
-    services.create_api_key()  # an unrelated key: not a job, not a tenant backlog
+    keys.create_api_key()  # an unrelated key: not a job, not a tenant backlog
 
     response = client(new_key()).get("/metrics")
     assert response.status_code == 200

@@ -47,6 +47,7 @@ def claim_params(worker: str, limit: int = CLAIM_BATCH) -> dict[str, Any]:
         "limit": limit,
         "worker": worker,
         "lease": float(pgqueue_settings.LEASE_SECONDS),
+        "now": None,
     }
 
 

@@ -1,14 +1,16 @@
 """Failure handling: retries, backoff, dead jobs, lease expiry, fencing and rollbacks.
 
-Time is injected, never slept: ``reap_expired`` and ``promote_due`` take ``now=later(N)``
-and claims/heartbeats take ``lease_seconds``. Inside a test transaction PostgreSQL's
-``now()`` is the transaction's start, so every lease is measured from one fixed instant
-and ``later(N)`` is always at least ``N`` seconds past it.
+Time is injected, never slept. The lease tests run on a ``timeline()``: each claim,
+heartbeat, completion, reap and promotion is given its moment (``now=at(N)``), so a lease
+runs out exactly when the test says, however long the test takes. Elsewhere
+``promote_due`` takes ``now=later(N)``: inside a test transaction PostgreSQL's ``now()``
+is the transaction's start, so ``later(N)`` is always at least ``N`` seconds past it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -20,7 +22,7 @@ import pgqueue
 from pgqueue import services, store
 from pgqueue.conf import pgqueue_settings
 from pgqueue.models import FairClock, Job, JobAttempt, Tenant
-from tests.conftest import claim, complete, fail, job, later
+from tests.conftest import claim, complete, fail, job, later, timeline
 
 #: Far enough ahead that any backoff (at most BACKOFF_CAP = 300 s by default) is due.
 BIG = 3600
@@ -44,9 +46,16 @@ def promote(now: dt.datetime | None) -> list[int]:
         return store.promote_due(cur, now=now)
 
 
-def heartbeat(worker: str, held: list[tuple[int, int]], lease_seconds: float) -> set[int]:
+def heartbeat(
+    worker: str,
+    held: list[tuple[int, int]],
+    lease_seconds: float,
+    now: dt.datetime | None = None,
+) -> set[int]:
     with connection.cursor() as cur:
-        return store.heartbeat_many(cur, worker=worker, held=held, lease_seconds=lease_seconds)
+        return store.heartbeat_many(
+            cur, worker=worker, held=held, lease_seconds=lease_seconds, now=now
+        )
 
 
 def enqueue_one(**options: Any) -> int:
@@ -192,14 +201,17 @@ def test_expired_lease_is_recovered_and_counted(db: Any) -> None:
     with a lease_expired row naming the worker, and another worker then runs it as
     attempt 2 to completion.
     """
+    at = timeline()
     job_id = enqueue_one(max_attempts=5)
-    (held,) = claim("w1", lease_seconds=30)
+    (held,) = claim("w1", lease_seconds=30, now=at(0))
     assert held.attempt == 1
+    assert held.lease_expires_at == at(30)
 
-    assert reap(later(10)) == {}
+    assert reap(at(10)) == {}
+    assert reap(at(30)) == {}  # expired means strictly past the lease's end
     assert job(job_id).status == "running"
 
-    failure_time = later(60)
+    failure_time = at(60)
     assert reap(failure_time) == {job_id: "scheduled"}
     recovered = job(job_id)
     assert recovered.status == "scheduled"
@@ -211,20 +223,21 @@ def test_expired_lease_is_recovered_and_counted(db: Any) -> None:
 
     # Not due yet at the real now: the backoff is respected.
     assert promote(None) == []
-    assert promote(later(BIG)) == [job_id]
+    assert promote(at(BIG)) == [job_id]
     assert job(job_id).status == "queued"
 
-    (again,) = claim("w2", lease_seconds=30)
+    (again,) = claim("w2", lease_seconds=30, now=at(BIG))
     assert (again.id, again.attempt) == (job_id, 2)
-    assert complete("w2", again, '{"ok": true}')
+    assert complete("w2", again, '{"ok": true}', now=at(BIG + 1))
     done = job(job_id)
     assert (done.status, done.attempts, done.result) == ("done", 2, {"ok": True})
     assert attempts_of(job_id) == [(1, "lease_expired", "w1"), (2, "done", "w2")]
 
 
-def _expire_and_requeue(job_id: int) -> None:
-    assert reap(later(BIG)) == {job_id: "scheduled"}
-    assert promote(later(2 * BIG)) == [job_id]
+def _expire_and_requeue(job_id: int, at: Callable[[float], dt.datetime]) -> None:
+    """Reap the job's lease (taken at ``at(0)``) and make it runnable again by ``at(2 * BIG)``."""
+    assert reap(at(BIG)) == {job_id: "scheduled"}
+    assert promote(at(2 * BIG)) == [job_id]
 
 
 def test_stale_worker_is_fenced_out(db: Any) -> None:
@@ -234,19 +247,21 @@ def test_stale_worker_is_fenced_out(db: Any) -> None:
     A's late complete, fail and heartbeat all match nothing and change nothing (no status
     change, no attempt row, B's lease untouched), while B's completion is recorded.
     """
+    at = timeline()
     job_id = enqueue_one(max_attempts=5)
-    (stale,) = claim("A", lease_seconds=30)
-    _expire_and_requeue(job_id)
-    (current,) = claim("B", lease_seconds=30)
+    (stale,) = claim("A", lease_seconds=30, now=at(0))
+    _expire_and_requeue(job_id, at)
+    (current,) = claim("B", lease_seconds=30, now=at(2 * BIG))
     assert (current.id, current.attempt) == (job_id, 2)
     before = job(job_id)
 
-    assert complete("A", stale, '"late"') is False
-    assert fail("A", stale) is None
-    assert fail("A", stale, permanent=True) is None
-    assert heartbeat("A", [(stale.id, stale.attempt)], lease_seconds=300) == set()
+    late = at(2 * BIG + 10)  # within B's lease
+    assert complete("A", stale, '"late"', now=late) is False
+    assert fail("A", stale, now=late) is None
+    assert fail("A", stale, permanent=True, now=late) is None
+    assert heartbeat("A", [(stale.id, stale.attempt)], lease_seconds=300, now=late) == set()
     # Even naming B's attempt number does not help A: the lease owner is checked too.
-    assert heartbeat("A", [(current.id, current.attempt)], lease_seconds=300) == set()
+    assert heartbeat("A", [(current.id, current.attempt)], lease_seconds=300, now=late) == set()
 
     after = job(job_id)
     assert (after.status, after.attempts, after.lease_owner) == ("running", 2, "B")
@@ -254,7 +269,7 @@ def test_stale_worker_is_fenced_out(db: Any) -> None:
     assert after.result is None and after.last_error == before.last_error
     assert attempts_of(job_id) == [(1, "lease_expired", "A")]
 
-    assert complete("B", current, '"fresh"')
+    assert complete("B", current, '"fresh"', now=late)
     done = job(job_id)
     assert (done.status, done.result) == ("done", "fresh")
     assert attempts_of(job_id) == [(1, "lease_expired", "A"), (2, "done", "B")]
@@ -267,19 +282,21 @@ def test_same_worker_on_a_later_attempt_is_fenced_by_attempt_number(db: Any) -> 
     for attempt 1 (a leftover from the first run) is rejected even though A is the lease
     owner; writes for attempt 2 are accepted.
     """
+    at = timeline()
     job_id = enqueue_one(max_attempts=5)
-    (first,) = claim("A", lease_seconds=30)
-    _expire_and_requeue(job_id)
-    (second,) = claim("A", lease_seconds=30)
+    (first,) = claim("A", lease_seconds=30, now=at(0))
+    _expire_and_requeue(job_id, at)
+    (second,) = claim("A", lease_seconds=30, now=at(2 * BIG))
     assert (second.id, second.attempt, first.attempt) == (job_id, 2, 1)
 
-    assert heartbeat("A", [(job_id, 1)], lease_seconds=300) == set()
-    assert complete("A", first, '"from attempt 1"') is False
-    assert fail("A", first) is None
+    late = at(2 * BIG + 10)  # within the second lease
+    assert heartbeat("A", [(job_id, 1)], lease_seconds=300, now=late) == set()
+    assert complete("A", first, '"from attempt 1"', now=late) is False
+    assert fail("A", first, now=late) is None
     assert job(job_id).status == "running"
 
-    assert heartbeat("A", [(job_id, 2)], lease_seconds=300) == {job_id}
-    assert complete("A", second, '"from attempt 2"')
+    assert heartbeat("A", [(job_id, 2)], lease_seconds=300, now=late) == {job_id}
+    assert complete("A", second, '"from attempt 2"', now=late)
     done = job(job_id)
     assert (done.status, done.attempts, done.result) == ("done", 2, "from attempt 2")
     assert attempts_of(job_id) == [(1, "lease_expired", "A"), (2, "done", "A")]
@@ -291,13 +308,15 @@ def test_job_that_crashes_every_worker_ends_dead(db: Any) -> None:
     Each lease expiry counts as an attempt, so after max_attempts=3 expiries the reaper
     marks it dead (with three lease_expired rows) and it is never claimed again.
     """
+    at = timeline()
     job_id = enqueue_one(max_attempts=3)
     for n in (1, 2, 3):
-        (held,) = claim(f"w{n}", lease_seconds=30)
+        start = 3 * BIG * (n - 1)  # each run starts after the previous one was promoted
+        (held,) = claim(f"w{n}", lease_seconds=30, now=at(start))
         assert (held.id, held.attempt) == (job_id, n)
-        reaped = reap(later(BIG))
+        reaped = reap(at(start + BIG))
         assert reaped == {job_id: "scheduled" if n < 3 else "dead"}
-        promote(later(2 * BIG))
+        promote(at(start + 2 * BIG))
 
     dead = job(job_id)
     assert (dead.status, dead.attempts) == ("dead", 3)
@@ -308,32 +327,36 @@ def test_job_that_crashes_every_worker_ends_dead(db: Any) -> None:
         (2, "lease_expired", "w2"),
         (3, "lease_expired", "w3"),
     ]
-    assert claim("w4") == []
-    assert reap(later(3 * BIG)) == {}
+    assert claim("w4", now=at(9 * BIG)) == []
+    assert reap(at(10 * BIG)) == {}
 
 
 def test_heartbeat_keeps_a_long_job_leased(db: Any) -> None:
     """Heartbeats extend a lease, so a slow but alive job is not taken away.
 
-    Two jobs are claimed with a 30 s lease; only the first is heartbeated (to 300 s).
-    At now + 120 s the reaper recovers the silent one and leaves the heartbeated one
-    running, and its worker can still complete it.
+    Two jobs are claimed with a 30 s lease; only the first is heartbeated, 20 s later
+    (to 300 s from then). 120 s after the claim the reaper recovers the silent one and
+    leaves the heartbeated one running, and its worker can still complete it.
     """
+    at = timeline()
     long_id = enqueue_one(max_attempts=5)
     silent_id = enqueue_one(max_attempts=5)
-    held = {h.id: h for h in claim("w1", limit=2, lease_seconds=30)}
+    held = {h.id: h for h in claim("w1", limit=2, lease_seconds=30, now=at(0))}
     assert set(held) == {long_id, silent_id}
     lease_before = job(long_id).lease_expires_at
+    assert lease_before == at(30)
 
-    assert heartbeat("w1", [(long_id, held[long_id].attempt)], lease_seconds=300) == {long_id}
+    beat = heartbeat("w1", [(long_id, held[long_id].attempt)], lease_seconds=300, now=at(20))
+    assert beat == {long_id}
     assert job(long_id).lease_expires_at > lease_before
+    assert job(long_id).lease_expires_at == at(320)
 
-    assert reap(later(120)) == {silent_id: "scheduled"}
+    assert reap(at(120)) == {silent_id: "scheduled"}
     assert job(long_id).status == "running"
     assert job(silent_id).status == "scheduled"
 
-    assert complete("w1", held[long_id])
-    assert complete("w1", held[silent_id]) is False
+    assert complete("w1", held[long_id], now=at(121))
+    assert complete("w1", held[silent_id], now=at(121)) is False
     assert job(long_id).status == "done"
     assert attempts_of(long_id) == [(1, "done", "w1")]
     assert attempts_of(silent_id) == [(1, "lease_expired", "w1")]
@@ -486,3 +509,34 @@ def test_cancel_and_retry_services(db: Any) -> None:
     assert now_queued.status == "queued" and now_queued.vtime is not None
     (held,) = claim("w3", lease_seconds=30)
     assert held.id == delayed
+
+
+def test_the_steady_state_statement_runs_on_the_injected_clock(db: Any) -> None:
+    """complete_and_claim records and claims at the ``now`` it is given.
+
+    The finished job's finished_at (and its attempt row's) is that moment, and the new
+    lease runs from it: the reaper leaves the job alone until the lease's end and takes
+    it just after.
+    """
+    at = timeline()
+    first_id, second_id = enqueue_one(), enqueue_one()
+    (first,) = claim("w1", lease_seconds=30, now=at(0))
+    with connection.cursor() as cur:
+        recorded, claimed = store.complete_and_claim(
+            cur,
+            worker="w1",
+            results=[(first.id, first.attempt, None)],
+            queues=["default"],
+            limit=1,
+            lease_seconds=30,
+            now=at(5),
+        )
+    assert recorded == {first_id}
+    assert [(c.id, c.lease_expires_at) for c in claimed] == [(second_id, at(35))]
+    done = job(first_id)
+    assert (done.status, done.started_at, done.finished_at) == ("done", at(0), at(5))
+    (attempt,) = JobAttempt.objects.filter(job_id=first_id)
+    assert (attempt.started_at, attempt.finished_at) == (at(0), at(5))
+    assert job(second_id).started_at == at(5)
+    assert reap(at(35)) == {}
+    assert reap(at(36)) == {second_id: "scheduled"}

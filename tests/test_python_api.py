@@ -82,6 +82,33 @@ class TestEnqueue:
         clock = FairClock.objects.get(tenant_id="acme", queue="default", priority=0)
         assert clock.vtime == Job.objects.get(pk=first.pk).vtime
 
+    @pytest.mark.parametrize(
+        "options",
+        [{}, {"delay": 60}, {"idempotency_key": "k", "priority": 3}],
+        ids=["queued", "scheduled", "with-key"],
+    )
+    def test_the_returned_job_is_the_stored_row(self, options):
+        """What enqueue returns is the job as stored, field for field, without a read.
+
+        run_at and created_at are the database's values, real datetimes (never Django's
+        DatabaseDefault placeholders), and so are the id and vtime. A duplicate key
+        returns the stored original too.
+        """
+        job, created = pgqueue.enqueue("test.echo", {"text": "hi"}, tenant="acme", **options)
+        assert created
+        assert isinstance(job.run_at, dt.datetime) and isinstance(job.created_at, dt.datetime)
+        assert not job._state.adding
+        stored = Job.objects.get(pk=job.pk)
+        for field in Job._meta.concrete_fields:
+            assert getattr(job, field.attname) == getattr(stored, field.attname), field.name
+        if "idempotency_key" in options:
+            again, created_again = pgqueue.enqueue(
+                "test.echo", {"text": "other"}, tenant="acme", **options
+            )
+            assert not created_again
+            for field in Job._meta.concrete_fields:
+                assert getattr(again, field.attname) == getattr(stored, field.attname)
+
     def test_enqueue_many_keeps_order_and_spans_chunks(self):
         ids = pgqueue.enqueue_many("test.echo", [{"i": i} for i in range(2500)], tenant="acme")
         assert len(ids) == 2500 and ids == sorted(ids)
@@ -185,6 +212,13 @@ class TestQueryBudgets:
     def test_enqueue_with_a_key_adds_only_a_savepoint(self, django_assert_num_queries):
         with django_assert_num_queries(3):  # SAVEPOINT, JOB_ENQUEUE, RELEASE
             pgqueue.enqueue("test.noop", tenant="acme", idempotency_key="once")
+
+    def test_a_duplicate_key_costs_one_read(self, django_assert_num_queries):
+        first, _ = pgqueue.enqueue("test.noop", tenant="acme", idempotency_key="once")
+        with django_assert_num_queries(4) as captured:  # SAVEPOINT, JOB_ENQUEUE, RELEASE, read
+            again, created = pgqueue.enqueue("test.noop", tenant="acme", idempotency_key="once")
+        assert (again.pk, created) == (first.pk, False)
+        assert captured.captured_queries[-1]["sql"].startswith("SELECT")
 
     def test_enqueue_many_is_one_statement_per_thousand(self, django_assert_num_queries):
         with django_assert_num_queries(3):  # SAVEPOINT, JOB_ENQUEUE, RELEASE

@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 
-from .. import services
+from .. import keys
 from ..models import ApiKey
 
 
@@ -32,7 +32,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         return obj.tenant_id or "all tenants"
 
     def save_model(self, request: Any, obj: ApiKey, form: Any, change: bool) -> None:
-        row, key = services.create_api_key(tenant=obj.tenant_id, name=obj.name)
+        row, key = keys.create_api_key(tenant=obj.tenant_id, name=obj.name)
         obj.pk = row.pk
         obj.prefix = row.prefix
         self.message_user(
@@ -45,5 +45,5 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def revoke(self, request: Any, queryset: QuerySet) -> None:
         prefixes = list(queryset.values_list("prefix", flat=True))
         for prefix in prefixes:
-            services.revoke_api_key(prefix)
+            keys.revoke_api_key(prefix)
         self.message_user(request, f"Revoked {len(prefixes)} key(s).")

@@ -7,7 +7,7 @@ from typing import Any
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions, throttling
 
-from .. import services
+from .. import keys
 from ..conf import pgqueue_settings
 from ..models import ApiKey
 
@@ -27,7 +27,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         key = key.strip()
         if not key:
             raise exceptions.AuthenticationFailed("Authorization: Bearer needs an API key")
-        row = services.authenticate_api_key(key)
+        row = keys.authenticate_api_key(key)
         if row is None:
             raise exceptions.AuthenticationFailed("invalid or revoked API key")
         return (KeyUser(row), row)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from ..models import Job, Status
+from ..services import MAX_BATCH, MAX_DELAY_SECONDS
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -87,7 +88,7 @@ class EnqueueRequest(serializers.Serializer):
     priority = serializers.IntegerField(required=False, min_value=-100, max_value=100)
     idempotency_key = serializers.CharField(required=False, max_length=255)
     max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=100)
-    delay_seconds = serializers.FloatField(required=False, min_value=0, max_value=31_536_000)
+    delay_seconds = serializers.FloatField(required=False, min_value=0, max_value=MAX_DELAY_SECONDS)
     run_at = serializers.DateTimeField(required=False)
 
 
@@ -103,12 +104,14 @@ class BatchRequest(serializers.Serializer):
         "run_at",
     }
     task = serializers.CharField()
-    payloads = serializers.ListField(child=serializers.JSONField(), min_length=1, max_length=1000)
+    payloads = serializers.ListField(
+        child=serializers.JSONField(), min_length=1, max_length=MAX_BATCH
+    )
     tenant = serializers.CharField(required=False)
     queue = serializers.CharField(required=False)
     priority = serializers.IntegerField(required=False, min_value=-100, max_value=100)
     max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=100)
-    delay_seconds = serializers.FloatField(required=False, min_value=0, max_value=31_536_000)
+    delay_seconds = serializers.FloatField(required=False, min_value=0, max_value=MAX_DELAY_SECONDS)
     run_at = serializers.DateTimeField(required=False)
 
 

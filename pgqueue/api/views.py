@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import connection
@@ -21,6 +23,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import reads, services
+from ..exceptions import InvalidJob
 from ..models import Job, Status
 from ..registry import TASK_NAME_RE
 from .auth import (
@@ -122,19 +125,27 @@ def _moment(value: Any, field: str) -> dt.datetime:
 
 
 def _schedule(data: dict[str, Any]) -> dict[str, Any]:
+    """``delay_seconds`` is passed on as it came: the service layer checks it (``_delay``)."""
     delay = data.get("delay_seconds")
     run_at = data.get("run_at")
     if delay is not None and run_at is not None:
         raise bad_field("run_at", "give delay_seconds or run_at, not both")
     if delay is not None:
-        if isinstance(delay, bool) or not isinstance(delay, int | float):
-            raise bad_field("delay_seconds", "must be a number of seconds")
-        if not 0 <= delay <= services.MAX_DELAY_SECONDS:
-            raise bad_field("delay_seconds", f"must be from 0 to {services.MAX_DELAY_SECONDS}")
         return {"delay": delay}
     if run_at is not None:
         return {"run_at": _moment(run_at, "run_at")}
     return {}
+
+
+@contextmanager
+def _delay(data: dict[str, Any]) -> Iterator[None]:
+    """The service layer's errors about ``delay``, named as the API names it."""
+    try:
+        yield
+    except InvalidJob as exc:
+        if exc.field == "delay" and "delay_seconds" in data:
+            raise bad_field("delay_seconds", exc.reason) from None
+        raise
 
 
 def _options(data: dict[str, Any]) -> dict[str, Any]:
@@ -176,19 +187,16 @@ class JobsView(PgQueueView):
         data = _body(request, EnqueueRequest.FIELDS)
         scope = scope_of(request)
         key = _typed(data, "idempotency_key", str, "a string")
-        job, created = services.enqueue(
-            _task(data),
-            data.get("payload", {}),
-            tenant=_tenant_for(request, scope, data.get("tenant")),
-            idempotency_key=key,
-            **_options(data),
-        )
-        if not created:
-            job = Job.objects.get(pk=job.pk)
-            if not scope.allows(job.tenant_id):  # cannot happen: keys are per tenant
-                raise ApiError(404, "not_found", "no such job")
-        else:
-            job.refresh_from_db()
+        with _delay(data):
+            job, created = services.enqueue(
+                _task(data),
+                data.get("payload", {}),
+                tenant=_tenant_for(request, scope, data.get("tenant")),
+                idempotency_key=key,
+                **_options(data),
+            )
+        if not created and not scope.allows(job.tenant_id):  # cannot happen: keys are per tenant
+            raise ApiError(404, "not_found", "no such job")
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if created else 200)
 
     @extend_schema(
@@ -274,12 +282,13 @@ class JobBatchView(PgQueueView):
             raise bad_field("payloads", "must be a list of payloads")
         if not 1 <= len(payloads) <= services.MAX_BATCH:
             raise bad_field("payloads", f"must hold 1 to {services.MAX_BATCH} payloads")
-        ids = services.enqueue_many(
-            _task(data),
-            payloads,
-            tenant=_tenant_for(request, scope_of(request), data.get("tenant")),
-            **_options(data),
-        )
+        with _delay(data):
+            ids = services.enqueue_many(
+                _task(data),
+                payloads,
+                tenant=_tenant_for(request, scope_of(request), data.get("tenant")),
+                **_options(data),
+            )
         return Response({"ids": ids, "count": len(ids)}, status=status.HTTP_201_CREATED)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from pgqueue import services
+from pgqueue import keys
 from pgqueue.exceptions import InvalidJob
 from pgqueue.models import ApiKey
 
@@ -33,7 +33,7 @@ class Command(BaseCommand):
         action = options["action"]
         if action == "create":
             try:
-                row, key = services.create_api_key(
+                row, key = keys.create_api_key(
                     tenant=None if options["all_tenants"] else options["tenant"],
                     name=options["name"],
                 )
@@ -57,7 +57,7 @@ class Command(BaseCommand):
                 )
         else:
             try:
-                row = services.revoke_api_key(options["prefix"])
+                row = keys.revoke_api_key(options["prefix"])
             except ApiKey.DoesNotExist:
                 raise CommandError(f"no API key with prefix {options['prefix']!r}") from None
             self.stdout.write(f"revoked {row.prefix}")
