@@ -209,27 +209,27 @@ def host_wrap(n: int) -> list[str]:
 
 
 def start_hosts(hosts: int, args: list[str], log_dir: Path, **settings: Any) -> list[Any]:
-    """One runworker on each of hosts 1..``hosts``, started at once; returns when every
-    process of theirs is registered and listening (``processes`` from ``args``)."""
-    from bench.harness import STARTUP, listeners, start_worker, wait_for
+    """One runworker on each of hosts 1..``hosts`` (0: one in the root namespace), started
+    at once; returns when every process of theirs is registered and listening."""
+    from bench.harness import STARTUP, listeners, start_worker, stop_workers, wait_for
 
     processes = int(args[args.index("--processes") + 1]) if "--processes" in args else 1
+    wraps = [host_wrap(n) for n in range(1, hosts + 1)] or [[]]
     before = listeners()
-    workers = [start_worker(args, log_dir, host_wrap(n), **settings) for n in range(1, hosts + 1)]
+    workers = [start_worker(args, log_dir, wrap, **settings) for wrap in wraps]
     try:
         wait_for(
             lambda: (
-                not all(w.alive() for w in workers) or listeners() >= before + hosts * processes
+                not all(w.alive() for w in workers)
+                or listeners() >= before + len(wraps) * processes
             ),
             STARTUP,
-            f"{hosts * processes} worker processes to register and LISTEN",
+            f"{len(wraps) * processes} worker processes to register and LISTEN",
         )
         dead = [w for w in workers if not w.alive()]
         if dead:
             raise RuntimeError(f"a worker exited at start-up:\n{dead[0].log_tail()}")
     except BaseException:
-        from bench.harness import stop_workers
-
         stop_workers(workers)
         raise
     return workers
@@ -240,7 +240,7 @@ def connections() -> dict[str, dict[str, int]]:
     from bench.common import query
 
     names = {host_addr(n): host_name(n) for n in range(1, HOSTS + 1)}
-    names[SERVER_ADDR] = "bench process"
+    names[SERVER_ADDR] = "root namespace"
     rows = query(
         """
         SELECT host(client_addr),
@@ -284,22 +284,31 @@ def done_by_host() -> dict[str, int]:
 
 
 def throughput_run(hosts: int, jobs: int, log_dir: Path) -> dict[str, Any]:
-    """Workers up on ``hosts`` hosts, then ``jobs`` no-op jobs committed at once."""
-    from django.db import transaction
+    """``jobs`` no-op jobs pre-enqueued and analysed (as bench/throughput.py does), then
+    runworker on ``hosts`` hosts; the jobs are held back until every worker listens."""
+    import psycopg
+    from django.db import connection
 
     import pgqueue
     from bench.common import query, reset_tables
     from bench.harness import stop_workers, wait_for
 
     reset_tables()
-    per_host = TOTAL_THREADS // hosts
-    workers = start_hosts(hosts, ["--concurrency", str(per_host)], log_dir)
+    for t in range(4):
+        pgqueue.enqueue_many("bench.noop", [None] * (jobs // 4), tenant=f"tenant{t}")
+    with connection.cursor() as cur:
+        cur.execute("VACUUM ANALYZE pgqueue_job")
+    per_host = TOTAL_THREADS // max(hosts, 1)
+    # The gate: a claim (an UPDATE) waits behind this lock, so every host starts on the
+    # jobs at the same moment, when the gate's transaction commits, not as each comes up.
+    # A connection of its own: Django's stays in autocommit, where each look at
+    # pg_stat_activity is a fresh snapshot (inside a transaction it would be the same one).
+    with psycopg.connect(os.environ["DATABASE_URL"]) as gate:
+        gate.execute("LOCK TABLE pgqueue_job IN SHARE ROW EXCLUSIVE MODE")
+        workers = start_hosts(hosts, ["--concurrency", str(per_host)], log_dir)
     try:
         idle = connections()
         registered = registry()
-        with transaction.atomic():
-            for t in range(4):
-                pgqueue.enqueue_many("bench.noop", [None] * (jobs // 4), tenant=f"tenant{t}")
         busiest: dict[str, dict[str, int]] = {}
 
         def finished() -> bool:
@@ -493,11 +502,11 @@ def inside(quick: bool) -> dict[str, Any]:
     runs = 1 if quick else 3
     big = 1_000 if quick else 10_000
     kill_jobs = 300 if quick else 1_000
-    figures: dict[str, Any] = {"server": machine()}
+    figures: dict[str, Any] = {"server": machine(), "load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="pgqueue-hosts-logs-") as tmp:
         log_dir = Path(tmp)
         figures["throughput"] = {}
-        for hosts in (1, 2, 4):
+        for hosts in (0, 1, 2, 4):
             results = [throughput_run(hosts, jobs, log_dir) for _ in range(runs)]
             rate = median([r["jobs_per_s"] for r in results])
             figures["throughput"][hosts] = {**results[-1], "jobs_per_s": rate, "runs": runs}
@@ -507,16 +516,24 @@ def inside(quick: bool) -> dict[str, Any]:
         figures["kill"] = kill_run(kill_jobs, log_dir, 60.0 if quick else 120.0)
         print("   host killed: done", flush=True)
 
+    figures["load_after"] = os.getloadavg()
     rows = []
     for hosts, r in figures["throughput"].items():
         rows.append(
             [
-                f"{hosts} x {r['threads_per_host']} threads",
+                f"{hosts} x {r['threads_per_host']} threads"
+                if hosts
+                else f"root namespace, 1 x {r['threads_per_host']} threads",
                 r["jobs_per_s"],
                 ", ".join(f"{h} {n:,}" for h, n in r["done_by_host"].items()),
             ]
         )
-    report = "Throughput, no-op jobs, 8 handler threads in all\n" + table(
+    load = " / ".join(f"{x:.1f}" for x in figures["load_before"])
+    report = (
+        f"load average of the machine when the run began (1 / 5 / 15 min): {load}; every "
+        "process of the run, PostgreSQL's included, shares its cores with whatever else runs\n\n"
+    )
+    report += "Throughput, no-op jobs, 8 handler threads in all\n" + table(
         ["hosts", "jobs/s", "jobs done by host (from the attempts' worker ids)"], rows
     )
 
@@ -556,7 +573,7 @@ def inside(quick: bool) -> dict[str, Any]:
             rows,
         )
     )
-    mine = four["connections_idle"].get("bench process", {})
+    mine = four["connections_idle"].get("root namespace", {})
     report += f"\n(the bench process itself: {sum(mine.values())} connection(s), not counted)"
 
     rows = [
@@ -646,18 +663,21 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         f"{result['figures']['server']}. Every host runs one `manage.py runworker` in its "
         "namespace with a hostname of its own (unshare --uts), which pgqueue records as the "
         f"worker's host. Throughput: {TOTAL_THREADS} handler threads split evenly over 1, 2 "
-        f"and 4 hosts (one process each), {2_000 if quick else 20_000:,} no-op jobs (4 "
-        "tenants, fair) committed in one transaction once every worker listens; jobs/s = "
-        "jobs / (last finish - first start) from the jobs' timestamps, median of "
-        f"{1 if quick else 3}. Connections: pg_stat_activity of the benchmark database by "
-        "client_addr and application_name ('pgqueue worker ...' = the loop's bookkeeping "
-        "connection, 'pgqueue listener ...'). Noisy neighbour: bench/noisy_neighbour.py's "
-        f"fair scenario (small tenants' wait = started_at - created_at) with {FAIR_THREADS} "
-        "threads on 1 host, then split 4 + 4 over 2 hosts. Host lost: 2 hosts of "
-        "`runworker --processes 2 --concurrency 2` (lease 2 s, maintenance 0.2 s), jobs of "
-        "20-50 ms that record each execution; once 30% are done every pid in host 2's "
-        "namespace (ip netns pids) gets SIGKILL; jobs counted by status at the end, and the "
-        "jobs host 2 held (running, leased to its workers) followed to their end."
+        "and 4 hosts (one process each), and as a control one process in the root "
+        f"namespace (no veth); {2_000 if quick else 20_000:,} no-op jobs (4 tenants, fair) "
+        "pre-enqueued and VACUUM ANALYZEd as in bench/throughput.py, then held back by a "
+        "SHARE ROW EXCLUSIVE lock on the job table until every worker listens, so that all "
+        "hosts start together; jobs/s = jobs / (last finish - first start) from the jobs' "
+        f"timestamps, median of {1 if quick else 3}. Connections: pg_stat_activity of the "
+        "benchmark database by client_addr and application_name ('pgqueue worker ...' = "
+        "the loop's bookkeeping connection, 'pgqueue listener ...'). Noisy neighbour: "
+        "bench/noisy_neighbour.py's fair scenario (small tenants' wait = started_at - "
+        f"created_at) with {FAIR_THREADS} threads on 1 host, then split 4 + 4 over 2 hosts. "
+        "Host lost: 2 hosts of `runworker --processes 2 --concurrency 2` (lease 2 s, "
+        "maintenance 0.2 s), jobs of 20-50 ms that record each execution; once 30% are done "
+        "every pid in host 2's namespace (ip netns pids) gets SIGKILL; jobs counted by "
+        "status at the end, and the jobs host 2 held (running, leased to its workers) "
+        "followed to their end."
     )
     return {"title": title, "method": method, **result}
 
