@@ -133,8 +133,8 @@ def why_not() -> str | None:
         return "no `ip` command (iproute2) to create network namespaces"
     if _postgres_bin() is None:
         return "no initdb/pg_ctl (embedded server or PATH) to start a PostgreSQL of its own"
-    if _server_user() is None:
-        return "no unprivileged user (postgres or nobody) to run PostgreSQL as"
+    if _server_user() is None or shutil.which("runuser") is None:
+        return "no unprivileged user (postgres or nobody) and runuser to run PostgreSQL as"
     probe = "pgq-probe"
     made = _ip("netns", "add", probe, check=False)
     if made.returncode != 0:
@@ -437,7 +437,7 @@ def kill_run(jobs: int, log_dir: Path, bound: float) -> dict[str, Any]:
             "30% of the jobs to be done",
             poll=0.01,
         )
-        connections_before = sum(connections().get(victim, {}).values())
+        victim_connections = connections().get(victim, {})
         killed_at = time.monotonic() - started
         killed = kill_namespace(victim)
         workers[1].proc.wait()  # reap the one we started; its children are init's now
@@ -483,7 +483,8 @@ def kill_run(jobs: int, log_dir: Path, bound: float) -> dict[str, Any]:
         "killed_at_s": round(killed_at, 2),
         "done_at_kill": done_at_kill,
         "processes_killed": killed,
-        "victim_connections_before": connections_before,
+        "victim_connections_before": sum(victim_connections.values()),
+        "victim_connections_by_kind": victim_connections,
         "victim_connections_gone_after_s": round(dropped_after, 3),
         "in_hand_at_kill": len(in_hand),
         "in_hand_fate": [{"status": s, "attempts": a, "jobs": c} for s, a, c in fate],
@@ -610,7 +611,9 @@ def inside(quick: bool) -> dict[str, Any]:
     stale = [w for w in k["registry_after"].get(k["killed_host"], []) if w["up"]]
     report += (
         f"\n\nA host lost: SIGKILL of every process of {k['killed_host']} "
-        f"({k['processes_killed']} processes, {k['victim_connections_before']} connections) at "
+        f"({k['processes_killed']} processes, {k['victim_connections_before']} connections: "
+        + ", ".join(f"{n} {kind}" for kind, n in sorted(k["victim_connections_by_kind"].items()))
+        + f") at "
         f"{k['killed_at_s']:.1f} s, {k['done_at_kill']:,} of {k['jobs']:,} jobs done\n"
         + table(
             ["jobs", "done", "lost", "by status", "in hand at kill", "their fate (attempts)"],
