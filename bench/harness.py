@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -94,14 +94,20 @@ class WorkerProcess:
             return ""
 
 
-def start_worker(args: list[str], log_dir: Path | None = None, **settings: Any) -> WorkerProcess:
+def start_worker(
+    args: list[str],
+    log_dir: Path | None = None,
+    wrap: Sequence[str] = (),
+    **settings: Any,
+) -> WorkerProcess:
     """Start ``manage.py runworker -v 0 *args`` with PGQUEUE_<NAME> settings.
 
     Its output goes to a new log file in ``log_dir``, or to this process's own output
-    when ``log_dir`` is None.
+    when ``log_dir`` is None. ``wrap`` is a command prefix that must end by exec-ing the
+    command it is given (``ip netns exec NAME``, say), so that the pid is still the worker's.
     """
     env = worker_env(**settings)
-    cmd = [sys.executable, str(ROOT / "manage.py"), "runworker", "-v", "0", *args]
+    cmd = [*wrap, sys.executable, str(ROOT / "manage.py"), "runworker", "-v", "0", *args]
     log_path = None
     with contextlib.ExitStack() as stack:
         out: Any = None
