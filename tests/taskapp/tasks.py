@@ -85,3 +85,45 @@ def gate(payload, job):
     if not GATES[payload["gate"]].wait(payload.get("timeout", 30)):
         raise TimeoutError(f"gate {payload['gate']} was not opened")
     return {"gate": payload["gate"]}
+
+
+# -- outcomes a worker cannot store as they are (tests/test_poison.py) ----------------------
+
+
+class _UnprintableError(Exception):
+    """An exception whose ``str()`` itself raises."""
+
+    def __str__(self) -> str:
+        raise ValueError("no text for this exception")
+
+
+def _poison_outcome(kind):
+    if kind == "nul_result":
+        return "a\x00b"
+    if kind == "nul_error":
+        raise RuntimeError("a\x00b")
+    if kind == "surrogate_result":
+        return {"text": "\ud800"}
+    if kind == "surrogate_error":
+        raise RuntimeError("bad \udcff text")
+    if kind == "set_result":
+        return {1, 2}
+    if kind == "object_result":
+        return object()
+    if kind == "nan_result":
+        return {"x": float("nan")}
+    if kind == "infinity_result":
+        return [float("inf")]
+    if kind == "big_result":
+        return "x" * 5000
+    if kind == "unprintable_error":
+        raise _UnprintableError()
+    if kind == "huge_error":
+        raise RuntimeError("e" * 100_000)
+    raise AssertionError(f"unknown poison {kind!r}")
+
+
+@pgqueue.task(name="test.poison")
+def poison(payload, job):
+    """Return or raise an outcome of ``payload["kind"]`` that cannot be stored as it is."""
+    return _poison_outcome(payload["kind"])
