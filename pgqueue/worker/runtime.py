@@ -33,6 +33,16 @@ from .maintenance import run_maintenance
 
 logger = logging.getLogger("pgqueue.worker")
 
+
+class DatabaseUnreachable(Exception):
+    """The worker could not reach the database at start-up (a connection error each try)."""
+
+    def __init__(self, attempts: int, reason: str) -> None:
+        super().__init__(f"cannot reach the database after {attempts} attempt(s): {reason}")
+        self.attempts = attempts
+        self.reason = reason
+
+
 # Errors after which the bookkeeping connection is presumed broken and is made again.
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 
@@ -112,8 +122,14 @@ class WorkerLoop:
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> int:
-        self._connect_until_up()
-        self._register()
+        """Run until stopped (or idle with ``burst``, or ``max_jobs`` done); returns 0.
+
+        Raises ``DatabaseUnreachable`` when the database cannot be reached at start-up
+        within ``PGQUEUE["CONNECT_ATTEMPTS"]`` tries; a stop requested meanwhile returns 0.
+        """
+        if not self._connect_until_up(attempts=int(pgqueue_settings.CONNECT_ATTEMPTS)):
+            logger.info("event=worker_stopped worker=%s jobs=0", self.id)
+            return 0
         self.listener.start()
         logger.info(
             "event=worker_started worker=%s queues=%s concurrency=%d batch_size=%d",
@@ -142,7 +158,8 @@ class WorkerLoop:
                         )
                 except CONNECTION_ERRORS as exc:
                     logger.warning("event=db_error error=%r action=reconnect", str(exc).strip())
-                    self._connect_until_up()
+                    if not self._connect_until_up():
+                        break  # stopped while the database was away: _shutdown records
                     continue
                 if self._finished(claimed_all):
                     break
@@ -473,23 +490,33 @@ class WorkerLoop:
 
     # -- connection, registry, shutdown ---------------------------------------------------
 
-    def _connect_until_up(self) -> None:
+    def _connect_until_up(self, attempts: int | None = None) -> bool:
+        """(Re)make the bookkeeping connection, retrying with backoff while it fails.
+
+        Returns False, at once, when a stop is requested first: the waits between tries
+        are on the stopping event, so SIGTERM is honoured even while the database is down.
+        After ``attempts`` failed tries (None: no bound) raises ``DatabaseUnreachable``.
+        """
         if self.db is not None:
             with contextlib.suppress(psycopg.Error):
                 self.db.close()
             self.db = None
         delay = 0.1
-        while True:
+        tried = 0
+        while not self.stopping.is_set():
             try:
                 self.db = connect(self.params)
                 self._register()
-                return
+                return True
             except CONNECTION_ERRORS as exc:
-                logger.warning(
-                    "event=db_unavailable error=%r retry_in=%.1fs", str(exc).strip(), delay
-                )
-                time.sleep(delay * (0.5 + random.random()))
+                tried += 1
+                reason = " ".join(str(exc).split())
+                if attempts is not None and tried >= attempts:
+                    raise DatabaseUnreachable(tried, reason) from exc
+                logger.warning("event=db_unavailable error=%r retry_in=%.1fs", reason, delay)
+                self.stopping.wait(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 5.0)
+        return False
 
     def _register(self) -> None:
         assert self.db is not None
@@ -516,8 +543,9 @@ class WorkerLoop:
         for attempt in range(3):
             try:
                 if self.db is None or self.db.closed:
-                    self._connect_until_up()
-                assert self.db is not None
+                    self.db = None
+                    self.db = connect(self.params)  # once: a stop does not wait for it
+                    self._register()
                 self._take_outcomes()
                 try:
                     recorded = self._record_in_transaction(self.pending)

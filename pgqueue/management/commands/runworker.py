@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from pgqueue.conf import pgqueue_settings
-from pgqueue.worker import WorkerLoop
+from pgqueue.worker import DatabaseUnreachable, WorkerLoop
 from pgqueue.worker.supervisor import Supervisor, child_command
 
 
@@ -94,7 +94,11 @@ class Command(BaseCommand):
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
-        sys.exit(worker.run())
+        try:
+            status = worker.run()
+        except DatabaseUnreachable as exc:
+            raise CommandError(f"pgqueue worker: {exc}") from None  # one line on stderr, 1
+        sys.exit(status)
 
 
 def _configure_logging(verbosity: int) -> None:
