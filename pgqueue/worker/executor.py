@@ -25,6 +25,7 @@ from django.db import close_old_connections
 
 from ..conf import pgqueue_settings
 from ..exceptions import PermanentError
+from ..log import job_context
 from ..registry import get_task
 from ..store import ClaimedJob
 from .context import JobContext
@@ -109,7 +110,8 @@ def run_handler(ctx: JobContext) -> HandlerOutcome:
     started = time.perf_counter()
     outcome = HandlerOutcome(ctx, ok=False)
     try:
-        value = get_task(ctx.task).func(ctx.payload, ctx)
+        with job_context(ctx):
+            value = get_task(ctx.task).func(ctx.payload, ctx)
         try:
             outcome.result_json = encode_result(value)
             outcome.ok = True

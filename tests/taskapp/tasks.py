@@ -1,5 +1,6 @@
 """Tasks the tests enqueue. The payload chooses the fate, so one task covers many cases."""
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -127,3 +128,15 @@ def _poison_outcome(kind):
 def poison(payload, job):
     """Return or raise an outcome of ``payload["kind"]`` that cannot be stored as it is."""
     return _poison_outcome(payload["kind"])
+
+
+# -- log records inside a job (tests/test_job_logging.py) ----------------------------------
+
+task_logger = logging.getLogger("tests.taskapp.tasks")
+
+
+@pgqueue.task(name="test.log")
+def log(payload, job):
+    """Log ``payload["word"]`` at INFO, as a handler using the logging module does."""
+    task_logger.info("handler says %s", payload["word"])
+    return None
