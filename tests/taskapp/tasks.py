@@ -1,5 +1,6 @@
 """Tasks the tests enqueue. The payload chooses the fate, so one task covers many cases."""
 
+import asyncio
 import logging
 import threading
 import time
@@ -140,3 +141,29 @@ def log(payload, job):
     """Log ``payload["word"]`` at INFO, as a handler using the logging module does."""
     task_logger.info("handler says %s", payload["word"])
     return None
+
+
+# -- async def handlers (tests/test_async_handlers.py) -------------------------------------
+
+
+@pgqueue.task(name="test.async_add")
+async def async_add(payload, job):
+    """Await something, then return the sum; proves the coroutine is awaited."""
+    await asyncio.sleep(0.01)
+    alive = await job.aheartbeat()
+    return {"sum": payload["a"] + payload["b"], "attempt": job.attempt, "alive": alive}
+
+
+@pgqueue.task(name="test.async_fail")
+async def async_fail(payload, job):
+    await asyncio.sleep(0)
+    raise ValueError(f"async failure {payload['n']}")
+
+
+@pgqueue.task(name="test.async_sleep")
+async def async_sleep(payload, job):
+    """Sleep ``payload["seconds"]`` on the event loop; returns when it began and ended."""
+    began = time.time()
+    await asyncio.sleep(payload["seconds"])
+    task_logger.info("async sleeper %s done", payload["n"])
+    return {"n": payload["n"], "began": began, "ended": time.time()}
