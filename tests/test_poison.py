@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 
 import pytest
+from django.test import override_settings
 
 import pgqueue
-from pgqueue import store
+from pgqueue import checks, store
 from pgqueue.models import Job, JobAttempt, Tenant
 from pgqueue.worker import WorkerLoop
 from pgqueue.worker.executor import HandlerOutcome
@@ -183,3 +184,11 @@ def test_an_error_in_maintenance_does_not_stop_the_worker(workers: StartWorker) 
         STARTUP,
         "the delayed jobs, once their tenant's weight is fixed",
     )
+
+
+@pytest.mark.parametrize("value", [0, 1, 2.5, "1MiB", True])
+def test_max_result_bytes_must_be_an_integer_of_at_least_2(value: object) -> None:
+    with override_settings(PGQUEUE={"MAX_RESULT_BYTES": value}):
+        errors = checks.check_settings()
+    assert [e.id for e in errors] == ["pgqueue.E003"]
+    assert "MAX_RESULT_BYTES" in errors[0].msg

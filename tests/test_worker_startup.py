@@ -11,7 +11,9 @@ import socket
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from django.test import override_settings
 
+from pgqueue import checks
 from tests.workers import STARTUP, StartWorker, database_url, wait_for
 
 
@@ -55,3 +57,11 @@ def test_sigterm_while_the_database_is_unreachable_exits_0_at_once(
     wait_for(lambda: w.log().count("event=db_unavailable") >= 6, STARTUP, "a few failed tries")
     w.send(signal.SIGTERM)
     assert w.wait_exit(3) == 0
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, "10", None])
+def test_connect_attempts_must_be_a_positive_integer(value: object) -> None:
+    with override_settings(PGQUEUE={"CONNECT_ATTEMPTS": value}):
+        errors = checks.check_settings()
+    assert [e.id for e in errors] == ["pgqueue.E003"]
+    assert "CONNECT_ATTEMPTS" in errors[0].msg

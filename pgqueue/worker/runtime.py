@@ -214,9 +214,11 @@ class WorkerLoop:
                 ",".join(str(o.ctx.id) for o in self.pending),
                 _error_text(exc),
             )
+            had_outcomes = bool(self.pending)
             self._record_one_by_one()
             self._burst_idle = False
-            return True
+            # Claim again at once after recording; a refused claim waits for the next poll.
+            return had_outcomes
         # Committed: the outcomes are durable and the claims are ours.
         self._log_outcomes(self.pending, recorded)
         self.pending = []
@@ -389,7 +391,9 @@ class WorkerLoop:
                         ctx.attempt,
                         _error_text(again),
                     )
-                    recorded = {ctx.id}  # not discarded by fencing: do not log it as such
+                    self.pending.pop(0)
+                    self.finished_total += 1  # logged above, not as fenced out
+                    continue
             self.pending.pop(0)
             self._log_outcomes([outcome], recorded)
 
