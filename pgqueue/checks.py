@@ -130,6 +130,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("BATCH_SIZE", 1, True),
         ("MAINTENANCE_BATCH_SIZE", 1, True),
         ("MAX_PAYLOAD_BYTES", 2, True),
+        ("MAX_RESULT_BYTES", 2, True),
+        ("CONNECT_ATTEMPTS", 1, True),
     ]:
         problem = _number(name, getattr(s, name), minimum=minimum, integer=integer)
         if problem:

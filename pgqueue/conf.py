@@ -40,6 +40,13 @@ DEFAULTS: dict[str, Any] = {
     "ORDERING": "fair",
     # Largest accepted payload, in bytes of its JSON text.
     "MAX_PAYLOAD_BYTES": 256 * 1024,
+    # Largest result a handler may return, in bytes of its JSON text; a larger one makes
+    # the attempt fail with "result not storable: ...".
+    "MAX_RESULT_BYTES": 1024 * 1024,
+    # Times a worker tries to reach the database at start-up, with backoff (0.1 s doubling
+    # to 5 s, jittered: about 20 s in all at the default), before it exits with status 1
+    # and the reason on one line of stderr. Once running, it retries for as long as it takes.
+    "CONNECT_ATTEMPTS": 10,
     # The LISTEN/NOTIFY channel workers wake on.
     "NOTIFY_CHANNEL": "pgqueue",
     # Modules looked up in every installed app for @pgqueue.task definitions.

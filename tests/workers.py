@@ -137,23 +137,27 @@ StartWorker = Callable[..., WorkerProcess]
 
 @pytest.fixture
 def workers(transactional_db: None, tmp_path: Path) -> Iterator[StartWorker]:
-    """``start(*runworker_args, settings={NAME: value}, name=...)`` starts a worker.
+    """``start(*runworker_args, settings={NAME: value}, name=..., url=...)`` starts a worker.
 
     ``settings`` become PGQUEUE_<NAME>=<JSON> (the test process's own PGQUEUE_* variables
-    are not passed on). At teardown every worker started is killed, before the test
-    database is flushed, and its log is printed.
+    are not passed on); ``url`` replaces the test database's DATABASE_URL. At teardown
+    every worker started is killed, before the test database is flushed, and its log is
+    printed.
     """
     started: list[WorkerProcess] = []
-    url = database_url()
+    test_url = database_url()
 
     def start(
-        *args: str, settings: dict[str, Any] | None = None, name: str | None = None
+        *args: str,
+        settings: dict[str, Any] | None = None,
+        name: str | None = None,
+        url: str | None = None,
     ) -> WorkerProcess:
         name = name or f"worker{len(started) + 1}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
         env.update(
             DJANGO_SETTINGS_MODULE="tests.worker_settings",
-            DATABASE_URL=url,
+            DATABASE_URL=url or test_url,
             PYTHONUNBUFFERED="1",
         )
         for key, value in (settings or {}).items():

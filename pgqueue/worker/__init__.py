@@ -9,6 +9,6 @@ parent), ``context`` (what a handler sees) and ``connection`` (the worker's own 
 """
 
 from .context import JobContext
-from .runtime import WorkerLoop
+from .runtime import DatabaseUnreachable, WorkerLoop
 
-__all__ = ["JobContext", "WorkerLoop"]
+__all__ = ["DatabaseUnreachable", "JobContext", "WorkerLoop"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +78,15 @@ class JobContext:
         if not self.lost:
             self._heartbeat(timeout)
         return not self.lost
+
+    async def aheartbeat(self, timeout: float = 10.0) -> bool:
+        """``heartbeat()`` for ``async def`` handlers: the event loop runs on meanwhile.
+
+        ``heartbeat()`` waits for the worker's loop to renew the leases (usually a few
+        milliseconds, at most ``timeout``); called from a coroutine it would hold up every
+        other async job of the process for that long. This waits on a thread instead.
+        """
+        return await asyncio.to_thread(self.heartbeat, timeout)
 
     def __repr__(self) -> str:
         return f"<JobContext id={self.id} task={self.task} attempt={self.attempt}>"

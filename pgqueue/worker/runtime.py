@@ -27,11 +27,21 @@ from .. import store
 from ..conf import pgqueue_settings
 from .connection import connect, connect_params
 from .context import JobContext
-from .executor import HandlerOutcome, JobExecutor
+from .executor import ERROR_MAX_BYTES, HandlerOutcome, JobExecutor, storable_text
 from .listener import Listener
 from .maintenance import run_maintenance
 
 logger = logging.getLogger("pgqueue.worker")
+
+
+class DatabaseUnreachable(Exception):
+    """The worker could not reach the database at start-up (a connection error each try)."""
+
+    def __init__(self, attempts: int, reason: str) -> None:
+        super().__init__(f"cannot reach the database after {attempts} attempt(s): {reason}")
+        self.attempts = attempts
+        self.reason = reason
+
 
 # Errors after which the bookkeeping connection is presumed broken and is made again.
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
@@ -112,8 +122,14 @@ class WorkerLoop:
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> int:
-        self._connect_until_up()
-        self._register()
+        """Run until stopped (or idle with ``burst``, or ``max_jobs`` done); returns 0.
+
+        Raises ``DatabaseUnreachable`` when the database cannot be reached at start-up
+        within ``PGQUEUE["CONNECT_ATTEMPTS"]`` tries; a stop requested meanwhile returns 0.
+        """
+        if not self._connect_until_up(attempts=int(pgqueue_settings.CONNECT_ATTEMPTS)):
+            logger.info("event=worker_stopped worker=%s jobs=0", self.id)
+            return 0
         self.listener.start()
         logger.info(
             "event=worker_started worker=%s queues=%s concurrency=%d batch_size=%d",
@@ -136,13 +152,14 @@ class WorkerLoop:
                         self._heartbeat()
                         next_heartbeat = now + self.heartbeat_every
                     if now >= next_maintenance and not self.stopping.is_set():
-                        run_maintenance(self.db)
+                        self._maintain()
                         next_maintenance = now + self.maintenance_every * (
                             0.8 + 0.4 * random.random()
                         )
                 except CONNECTION_ERRORS as exc:
                     logger.warning("event=db_error error=%r action=reconnect", str(exc).strip())
-                    self._connect_until_up()
+                    if not self._connect_until_up():
+                        break  # stopped while the database was away: _shutdown records
                     continue
                 if self._finished(claimed_all):
                     break
@@ -179,12 +196,29 @@ class WorkerLoop:
         recorded: set[int] = set()
         claimed: list[store.ClaimedJob] = []
         atomic = contextlib.nullcontext() if fused else self.db.transaction()
-        with atomic, self.db.cursor() as cur:
-            if not fused:
-                recorded = self._record(cur, self.pending)
-            if want:
-                recorded_too, claimed = self._claim(cur, want, successes if fused else [])
-                recorded |= recorded_too
+        try:
+            with atomic, self.db.cursor() as cur:
+                if not fused:
+                    recorded = self._record(cur, self.pending)
+                if want:
+                    recorded_too, claimed = self._claim(cur, want, successes if fused else [])
+                    recorded |= recorded_too
+        except CONNECTION_ERRORS:
+            raise
+        except psycopg.Error as exc:
+            # The database refused the statement (rolled back: nothing of it happened).
+            # One outcome it cannot take must not cost the others theirs: record them one
+            # by one; the claim waits for the next turn.
+            logger.error(
+                "event=batch_refused jobs=%s error=%r action=record_one_by_one",
+                ",".join(str(o.ctx.id) for o in self.pending),
+                _error_text(exc),
+            )
+            had_outcomes = bool(self.pending)
+            self._record_one_by_one()
+            self._burst_idle = False
+            # Claim again at once after recording; a refused claim waits for the next poll.
+            return had_outcomes
         # Committed: the outcomes are durable and the claims are ours.
         self._log_outcomes(self.pending, recorded)
         self.pending = []
@@ -311,6 +345,63 @@ class WorkerLoop:
             recorded |= set(store.fail_many(cur, worker=self.id, failures=failures))
         return recorded
 
+    def _record_one_by_one(self) -> None:
+        """Record each pending outcome in a transaction of its own, and log it.
+
+        An outcome the database refuses is logged at ERROR with its job and replaced by a
+        failed attempt whose error says why, which is storable; if even that is refused,
+        the job is left to its lease (it runs again). A lost connection stops the walk
+        (the outcomes not yet recorded stay pending for the next turn).
+        """
+        assert self.db is not None
+        while self.pending:
+            outcome = self.pending[0]
+            try:
+                recorded = self._record_in_transaction([outcome])
+            except CONNECTION_ERRORS:
+                raise
+            except psycopg.Error as exc:
+                ctx = outcome.ctx
+                reason = _error_text(exc)
+                logger.error(
+                    "job=%d task=%s tenant=%s attempt=%d event=outcome_refused error=%r "
+                    "action=record_as_failed",
+                    ctx.id,
+                    ctx.task,
+                    ctx.tenant,
+                    ctx.attempt,
+                    reason,
+                )
+                outcome = HandlerOutcome(
+                    ctx,
+                    ok=False,
+                    error=storable_text(f"outcome not storable: {reason}", ERROR_MAX_BYTES),
+                    traceback=None,
+                    duration=outcome.duration,
+                )
+                try:
+                    recorded = self._record_in_transaction([outcome])
+                except CONNECTION_ERRORS:
+                    raise
+                except psycopg.Error as again:
+                    logger.error(
+                        "job=%d attempt=%d event=outcome_refused error=%r "
+                        "action=left_to_lease_recovery",
+                        ctx.id,
+                        ctx.attempt,
+                        _error_text(again),
+                    )
+                    self.pending.pop(0)
+                    self.finished_total += 1  # logged above, not as fenced out
+                    continue
+            self.pending.pop(0)
+            self._log_outcomes([outcome], recorded)
+
+    def _record_in_transaction(self, outcomes: list[HandlerOutcome]) -> set[int]:
+        assert self.db is not None
+        with self.db.transaction(), self.db.cursor() as cur:
+            return self._record(cur, outcomes)
+
     def _log_outcomes(self, outcomes: list[HandlerOutcome], recorded: set[int]) -> None:
         for o in outcomes:
             self.finished_total += 1
@@ -354,6 +445,24 @@ class WorkerLoop:
         self.outcomes.put(outcome)
         self.wake_event.set()
 
+    # -- maintenance ----------------------------------------------------------------------
+
+    def _maintain(self) -> None:
+        """One maintenance pass; an error of the database in it does not stop the worker.
+
+        The pass's transaction has rolled back; the next pass tries again. A lost
+        connection is the loop's to handle (it reconnects).
+        """
+        assert self.db is not None
+        try:
+            run_maintenance(self.db)
+        except CONNECTION_ERRORS:
+            raise
+        except psycopg.Error as exc:
+            logger.exception(
+                "event=maintenance_error error=%r action=retry_next_pass", _error_text(exc)
+            )
+
     # -- heartbeats -----------------------------------------------------------------------
 
     def _request_heartbeat(self, timeout: float) -> None:
@@ -385,23 +494,33 @@ class WorkerLoop:
 
     # -- connection, registry, shutdown ---------------------------------------------------
 
-    def _connect_until_up(self) -> None:
+    def _connect_until_up(self, attempts: int | None = None) -> bool:
+        """(Re)make the bookkeeping connection, retrying with backoff while it fails.
+
+        Returns False, at once, when a stop is requested first: the waits between tries
+        are on the stopping event, so SIGTERM is honoured even while the database is down.
+        After ``attempts`` failed tries (None: no bound) raises ``DatabaseUnreachable``.
+        """
         if self.db is not None:
             with contextlib.suppress(psycopg.Error):
                 self.db.close()
             self.db = None
         delay = 0.1
-        while True:
+        tried = 0
+        while not self.stopping.is_set():
             try:
                 self.db = connect(self.params)
                 self._register()
-                return
+                return True
             except CONNECTION_ERRORS as exc:
-                logger.warning(
-                    "event=db_unavailable error=%r retry_in=%.1fs", str(exc).strip(), delay
-                )
-                time.sleep(delay * (0.5 + random.random()))
+                tried += 1
+                reason = " ".join(str(exc).split())
+                if attempts is not None and tried >= attempts:
+                    raise DatabaseUnreachable(tried, reason) from exc
+                logger.warning("event=db_unavailable error=%r retry_in=%.1fs", reason, delay)
+                self.stopping.wait(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 5.0)
+        return False
 
     def _register(self) -> None:
         assert self.db is not None
@@ -428,14 +547,25 @@ class WorkerLoop:
         for attempt in range(3):
             try:
                 if self.db is None or self.db.closed:
-                    self._connect_until_up()
-                assert self.db is not None
+                    self.db = None
+                    self.db = connect(self.params)  # once: a stop does not wait for it
+                    self._register()
                 self._take_outcomes()
-                with self.db.transaction(), self.db.cursor() as cur:
-                    recorded = self._record(cur, self.pending)
-                    store.stop_worker(cur, worker=self.id)
+                try:
+                    recorded = self._record_in_transaction(self.pending)
+                except CONNECTION_ERRORS:
+                    raise
+                except psycopg.Error as exc:
+                    logger.error(
+                        "event=batch_refused error=%r action=record_one_by_one",
+                        _error_text(exc),
+                    )
+                    self._record_one_by_one()
+                    recorded = set()
                 self._log_outcomes(self.pending, recorded)
                 self.pending = []
+                with self.db.cursor() as cur:
+                    store.stop_worker(cur, worker=self.id)
                 break
             except CONNECTION_ERRORS as exc:
                 logger.warning(
@@ -445,3 +575,9 @@ class WorkerLoop:
         if self.db is not None:
             self.db.close()
         logger.info("event=worker_stopped worker=%s jobs=%d", self.id, self.finished_total)
+
+
+def _error_text(exc: BaseException) -> str:
+    """A database error on one line: its class and first line of message (for logs)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -1,5 +1,7 @@
 """Tasks the tests enqueue. The payload chooses the fate, so one task covers many cases."""
 
+import asyncio
+import logging
 import threading
 import time
 from pathlib import Path
@@ -85,3 +87,83 @@ def gate(payload, job):
     if not GATES[payload["gate"]].wait(payload.get("timeout", 30)):
         raise TimeoutError(f"gate {payload['gate']} was not opened")
     return {"gate": payload["gate"]}
+
+
+# -- outcomes a worker cannot store as they are (tests/test_poison.py) ----------------------
+
+
+class _UnprintableError(Exception):
+    """An exception whose ``str()`` itself raises."""
+
+    def __str__(self) -> str:
+        raise ValueError("no text for this exception")
+
+
+def _poison_outcome(kind):
+    if kind == "nul_result":
+        return "a\x00b"
+    if kind == "nul_error":
+        raise RuntimeError("a\x00b")
+    if kind == "surrogate_result":
+        return {"text": "\ud800"}
+    if kind == "surrogate_error":
+        raise RuntimeError("bad \udcff text")
+    if kind == "set_result":
+        return {1, 2}
+    if kind == "object_result":
+        return object()
+    if kind == "nan_result":
+        return {"x": float("nan")}
+    if kind == "infinity_result":
+        return [float("inf")]
+    if kind == "big_result":
+        return "x" * 5000
+    if kind == "unprintable_error":
+        raise _UnprintableError()
+    if kind == "huge_error":
+        raise RuntimeError("e" * 100_000)
+    raise AssertionError(f"unknown poison {kind!r}")
+
+
+@pgqueue.task(name="test.poison")
+def poison(payload, job):
+    """Return or raise an outcome of ``payload["kind"]`` that cannot be stored as it is."""
+    return _poison_outcome(payload["kind"])
+
+
+# -- log records inside a job (tests/test_job_logging.py) ----------------------------------
+
+task_logger = logging.getLogger("tests.taskapp.tasks")
+
+
+@pgqueue.task(name="test.log")
+def log(payload, job):
+    """Log ``payload["word"]`` at INFO, as a handler using the logging module does."""
+    task_logger.info("handler says %s", payload["word"])
+    return None
+
+
+# -- async def handlers (tests/test_async_handlers.py) -------------------------------------
+
+
+@pgqueue.task(name="test.async_add")
+async def async_add(payload, job):
+    """Await something, then return the sum; proves the coroutine is awaited."""
+    await asyncio.sleep(0.01)
+    alive = await job.aheartbeat()
+    return {"sum": payload["a"] + payload["b"], "attempt": job.attempt, "alive": alive}
+
+
+@pgqueue.task(name="test.async_fail")
+async def async_fail(payload, job):
+    await asyncio.sleep(0)
+    raise ValueError(f"async failure {payload['n']}")
+
+
+@pgqueue.task(name="test.async_sleep")
+async def async_sleep(payload, job):
+    """Sleep ``payload["seconds"]`` on the event loop; returns when it began and ended."""
+    began = time.time()
+    await asyncio.sleep(payload["seconds"])
+    task_logger.info("async sleeper %s done", payload["n"])
+    return {"n": payload["n"], "began": began, "ended": time.time()}

@@ -11,7 +11,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from pgqueue.conf import pgqueue_settings
-from pgqueue.worker import WorkerLoop
+from pgqueue.log import DEFAULT_FORMAT, JobContextFilter
+from pgqueue.worker import DatabaseUnreachable, WorkerLoop
 from pgqueue.worker.supervisor import Supervisor, child_command
 
 
@@ -97,21 +98,30 @@ class Command(BaseCommand):
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
-        sys.exit(worker.run())
+        try:
+            status = worker.run()
+        except DatabaseUnreachable as exc:
+            raise CommandError(f"pgqueue worker: {exc}") from None  # one line on stderr, 1
+        sys.exit(status)
 
 
 def _configure_logging(verbosity: int) -> None:
-    """Log job outcomes to stderr unless the project configured pgqueue's loggers."""
-    logger = logging.getLogger("pgqueue")
-    if logger.handlers or logging.getLogger().handlers:
+    """Log to stderr unless the project configured a logging handler of its own.
+
+    Then the root logger gets one handler, with ``JobContextFilter``: the worker's lines
+    and every record a handler logs (at INFO and above by default), the latter prefixed
+    with the job's id, task, tenant and attempt. A project with a LOGGING of its own keeps
+    it, and adds the filter where it wants the fields.
+    """
+    root = logging.getLogger()
+    if logging.getLogger("pgqueue").handlers or root.handlers:
         return
     handler = logging.StreamHandler()
-    handler.setFormatter(
-        logging.Formatter(
-            "time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-            datefmt="%Y-%m-%dT%H:%M:%S%z",
-        )
-    )
-    logger.addHandler(handler)
+    handler.addFilter(JobContextFilter())
+    handler.setFormatter(logging.Formatter(DEFAULT_FORMAT, datefmt="%Y-%m-%dT%H:%M:%S%z"))
+    root.addHandler(handler)
     # -v 0: warnings only (no line per job); -v 1 (default): one line per job; -v 2: debug.
-    logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+    # Other libraries stay at INFO with -v 2, so that only pgqueue's debug lines are added.
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+    root.setLevel(max(level, logging.INFO) if verbosity else logging.WARNING)
+    logging.getLogger("pgqueue").setLevel(level)
