@@ -8,9 +8,9 @@ import inspect
 
 import pytest
 from django.db import connection, transaction
-from django.utils.connection import ConnectionDoesNotExist
 from django.test import override_settings
 from django.utils import timezone
+from django.utils.connection import ConnectionDoesNotExist
 
 import pgqueue
 from pgqueue import services, store
