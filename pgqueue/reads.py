@@ -331,6 +331,18 @@ def workers_overview(now: dt.datetime, shown: int, *, using: str = "default") ->
     }
 
 
+def unserved_queues(now: dt.datetime | None = None, *, using: str = "default") -> list[str]:
+    """The queues with runnable jobs that no live worker serves (none alive lists them in
+    its ``queues``), by name: their jobs wait however long the backlog looks.
+
+    QUEUE_UNSERVED: one index probe per queue with queued jobs, and pgqueue_worker.
+    """
+    params = {"alive_since": alive_since(now or timezone.now())}
+    with connections[using].cursor() as cursor:
+        cursor.execute(read_sql.QUEUE_UNSERVED, params)
+        return [queue for (queue,) in cursor.fetchall()]
+
+
 # -- /stats ------------------------------------------------------------------------------
 
 
