@@ -15,6 +15,8 @@ oldest_runnable                queued rows, through pgqueue_job_claim           
 tenant_counts (annotation)     every job of the tenants asked for (LEFT JOIN, by      yes*
                                tenant; pgqueue_job_tenant_status when few tenants)
 tenant_summaries               tenant_counts for the tenants named (or all)           yes*
+tenant_page                    pgqueue_tenant's count and one page of names, then     yes*
+                               tenant_summaries for that page (GET /tenants)
 tenant_done_share (annot.)     the last hour's done attempts (pgqueue_attempt_        no
                                finished), joined to their jobs by primary key
 top_backlogs                   TENANT_BACKLOG_TOP                                     no
@@ -28,8 +30,8 @@ unserved_queues                QUEUE_UNSERVED: one probe of pgqueue_job_claim pe
                                queue with runnable jobs, and pgqueue_worker
 =============================  =====================================================  ======
 
-``*``: all jobs of the tenants asked for, finished ones included: for /tenants (all
-tenants) that is the whole table.
+``*``: all jobs of the tenants asked for, finished ones included: for a page of /tenants,
+the jobs of at most ``limit`` tenants.
 """
 
 from __future__ import annotations
