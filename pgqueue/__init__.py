@@ -16,6 +16,8 @@ owner and attempt number). Handlers must therefore be idempotent.
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .decorators import Task, task
@@ -49,15 +51,81 @@ __all__ = [
 ]
 
 
-def enqueue(task: Task | str, payload: Any = None, **options: Any) -> Enqueued:
-    """Enqueue one job; see ``pgqueue.services.enqueue``. Returns ``(job, created)``."""
+def enqueue(
+    task: Task | str,
+    payload: Any = None,
+    *,
+    tenant: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    delay: float | dt.timedelta | None = None,
+    run_at: dt.datetime | None = None,
+    idempotency_key: str | None = None,
+    max_attempts: int | None = None,
+    using: str = "default",
+) -> Enqueued:
+    """Enqueue one job in the current transaction of ``using``; returns ``(job, created)``.
+
+    A rollback of the caller's transaction leaves no job. Options left at None take the
+    task's defaults (``@pgqueue.task(queue=..., priority=..., max_attempts=...)``), then the
+    ``PGQUEUE`` settings'.
+
+    :param task: a ``@pgqueue.task`` function or a registered task name.
+    :param payload: any JSON-serialisable value (default ``None``).
+    :param tenant: whose job it is, ``[A-Za-z0-9_.-]{1,64}``; default ``DEFAULT_TENANT``.
+    :param queue: the queue it waits in; default the task's, then ``DEFAULT_QUEUE``.
+    :param priority: -100..100, higher runs first; default the task's, then 0.
+    :param delay: seconds (or a timedelta) to wait before it may run; not with ``run_at``.
+    :param run_at: the moment it may run (aware, or naive meaning UTC); not with ``delay``.
+    :param idempotency_key: unique per tenant; a second enqueue with the same key returns
+        the first job and ``created=False``.
+    :param max_attempts: 1..100 attempts before it is dead; default the task's, then
+        ``DEFAULT_MAX_ATTEMPTS``.
+    :param using: the database alias.
+    """
     from .services import enqueue as _enqueue
 
-    return _enqueue(task, payload, **options)
+    return _enqueue(
+        task,
+        payload,
+        tenant=tenant,
+        queue=queue,
+        priority=priority,
+        delay=delay,
+        run_at=run_at,
+        idempotency_key=idempotency_key,
+        max_attempts=max_attempts,
+        using=using,
+    )
 
 
-def enqueue_many(task: Task | str, payloads: Any, **options: Any) -> list[int]:
-    """Enqueue one job per payload in one statement per 1,000; see ``services.enqueue_many``."""
+def enqueue_many(
+    task: Task | str,
+    payloads: Iterable[Any],
+    *,
+    tenant: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    delay: float | dt.timedelta | None = None,
+    run_at: dt.datetime | None = None,
+    max_attempts: int | None = None,
+    using: str = "default",
+) -> list[int]:
+    """Enqueue one job per payload, all or none, and return their ids in order.
+
+    One statement per 1,000 payloads, in one transaction; the options (as for
+    ``enqueue``, but without an idempotency key, which names one job) apply to every job.
+    """
     from .services import enqueue_many as _enqueue_many
 
-    return _enqueue_many(task, payloads, **options)
+    return _enqueue_many(
+        task,
+        payloads,
+        tenant=tenant,
+        queue=queue,
+        priority=priority,
+        delay=delay,
+        run_at=run_at,
+        max_attempts=max_attempts,
+        using=using,
+    )

@@ -20,6 +20,25 @@ _LEFT, _RIGHT, _TOP, _BOTTOM = 52, 14, 34, 42
 DONE_COLOR = "#447e9b"
 FAILED_COLOR = "#ba2121"
 AXIS_COLOR = "#666666"
+#: Font size of the axis labels, and the width of an x label ("HH:MM"): five characters of
+#: about 0.6 em each. Two labels' centres stay at least that plus X_LABEL_GAP apart.
+AXIS_FONT_SIZE = 12
+X_LABEL_WIDTH = 5 * 0.6 * AXIS_FONT_SIZE
+X_LABEL_GAP = 6
+
+
+def x_label_indexes(buckets: Sequence[Bucket], slot: float) -> list[int]:
+    """The minutes the x axis labels: every whole ten minutes, and the current (last) one.
+
+    The current minute's label always shows (it says how fresh the chart is); a ten-minute
+    label that would sit closer than its width (and a gap) to it is dropped rather than
+    drawn over it.
+    """
+    if not buckets:
+        return []
+    last = len(buckets) - 1
+    tens = [i for i, b in enumerate(buckets[:last]) if b.minute.minute % 10 == 0]
+    return [i for i in tens if (last - i) * slot >= X_LABEL_WIDTH + X_LABEL_GAP] + [last]
 
 
 def _nice_scale(peak: int, ticks: int = 4) -> tuple[int, int]:
@@ -111,10 +130,8 @@ def throughput_chart_svg(buckets: Sequence[Bucket], *, title: str = "Attempts pe
             f'<rect class="pgq-hit" x="{_fmt(x(i))}" y="{_TOP}" width="{_fmt(slot)}" '
             f'height="{plot_h}" fill="transparent"><title>{escape(tip)}</title></rect>'
         )
-    # Axes; x labels at whole ten minutes, and at the current minute unless one is near.
-    labelled = [i for i, b in enumerate(buckets) if b.minute.minute % 10 == 0]
-    if buckets and (not labelled or len(buckets) - 1 - labelled[-1] >= 4):
-        labelled.append(len(buckets) - 1)
+    # Axes; x labels at whole ten minutes and at the current minute, never overlapping.
+    labelled = x_label_indexes(buckets, slot)
     out.append(
         f'<path class="pgq-axis" d="M{_LEFT},{_TOP} V{base} H{w - _RIGHT}" fill="none" '
         f'stroke="{AXIS_COLOR}" stroke-width="1"/>'
@@ -126,8 +143,9 @@ def throughput_chart_svg(buckets: Sequence[Bucket], *, title: str = "Attempts pe
             f'stroke="{AXIS_COLOR}"/>'
         )
         out.append(
-            f'<text class="pgq-axis-label" x="{xx}" y="{base + 16}" text-anchor="middle" '
-            f'font-size="12" fill="{AXIS_COLOR}">{escape(f"{buckets[i].minute:%H:%M}")}</text>'
+            f'<text class="pgq-axis-label pgq-x-label" x="{xx}" y="{base + 16}" '
+            f'text-anchor="middle" font-size="{AXIS_FONT_SIZE}" fill="{AXIS_COLOR}">'
+            f"{escape(f'{buckets[i].minute:%H:%M}')}</text>"
         )
     out.append(
         f'<text class="pgq-axis-title" x="{_LEFT + plot_w / 2:.0f}" y="{h - 6}" '

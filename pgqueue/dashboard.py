@@ -11,9 +11,11 @@ table grows. The reads are ``pgqueue.reads``'s, which state their costs. In shor
   statements use, for the backlog and the oldest runnable job;
 * the last hour of ``pgqueue_job_attempt`` through its ``finished_at`` index, joined to the
   jobs for their tenant and task, for throughput, failures, shares and run times;
-* ``pgqueue_worker``, which maintenance keeps to the workers seen within a day.
+* ``pgqueue_worker``, which maintenance keeps to the workers seen within a day;
+* the queues with runnable jobs that no live worker serves: one probe of the claim index
+  per queue (``reads.unserved_queues``).
 
-The number of queries is fixed (seven), whatever the number of jobs, tenants or queues.
+The number of queries is fixed (eight), whatever the number of jobs, tenants or queues.
 The data is gathered by ``dashboard_data`` and drawn by ``pgqueue.chart`` so both can be
 tested without a browser.
 """
@@ -59,9 +61,11 @@ def window(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
 
 def _queues(now: dt.datetime, using: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """Jobs by status overall, and each queue's counts (every status, zeros included) with
-    the age of its oldest runnable job."""
+    the age of its oldest runnable job, and ``unserved``: it has runnable jobs and no live
+    worker takes from it, so they wait whatever the backlog of the others."""
     by_queue = reads.job_counts(using=using)
     oldest = reads.oldest_runnable(using=using)
+    unserved = set(reads.unserved_queues(now, using=using))
     totals = dict.fromkeys(Status.values, 0)
     for counts in by_queue.values():
         for status, n in counts.items():
@@ -77,6 +81,7 @@ def _queues(now: dt.datetime, using: str) -> tuple[dict[str, int], list[dict[str
                 "oldest_queued_at": queued_at,
                 "oldest_age_seconds": age,
                 "oldest_age": format_seconds(age),
+                "unserved": name in unserved,
             }
         )
     return totals, queues
@@ -149,7 +154,7 @@ def dashboard_data(now: dt.datetime | None = None, *, using: str = "default") ->
     """Everything the page shows, as plain numbers (and a few display strings).
 
     ``now`` is injectable so tests can place attempts in chosen minutes; it defaults to the
-    application's clock. Seven queries, whatever the size of the tables.
+    application's clock. Eight queries, whatever the size of the tables.
     """
     now = (now or timezone.now()).astimezone(dt.UTC)
     since, until = window(now)

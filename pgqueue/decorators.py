@@ -6,7 +6,8 @@ enqueue itself without the registry, where the services look tasks up, importing
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import datetime as dt
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,17 +23,63 @@ class Task(RegisteredTask):
 
     # The services import models, which the app registry must be ready for; this module is
     # imported with the ``pgqueue`` package, before that: hence the imports in the methods.
-    def enqueue(self, payload: Any = None, **options: Any) -> Enqueued:
-        """``pgqueue.enqueue(this task, payload, **options)``."""
+    def enqueue(
+        self,
+        payload: Any = None,
+        *,
+        tenant: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: float | dt.timedelta | None = None,
+        run_at: dt.datetime | None = None,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+        using: str = "default",
+    ) -> Enqueued:
+        """Enqueue one job of this task: ``pgqueue.enqueue(this task, payload, ...)``,
+        whose docstring describes each option. Returns ``(job, created)``."""
         from .services import enqueue
 
-        return enqueue(self, payload, **options)
+        return enqueue(
+            self,
+            payload,
+            tenant=tenant,
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            run_at=run_at,
+            idempotency_key=idempotency_key,
+            max_attempts=max_attempts,
+            using=using,
+        )
 
-    def enqueue_many(self, payloads: Any, **options: Any) -> list[int]:
-        """``pgqueue.enqueue_many(this task, payloads, **options)``."""
+    def enqueue_many(
+        self,
+        payloads: Iterable[Any],
+        *,
+        tenant: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: float | dt.timedelta | None = None,
+        run_at: dt.datetime | None = None,
+        max_attempts: int | None = None,
+        using: str = "default",
+    ) -> list[int]:
+        """Enqueue one job of this task per payload: ``pgqueue.enqueue_many(this task,
+        payloads, ...)``. Returns the ids in order."""
         from .services import enqueue_many
 
-        return enqueue_many(self, payloads, **options)
+        return enqueue_many(
+            self,
+            payloads,
+            tenant=tenant,
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            run_at=run_at,
+            max_attempts=max_attempts,
+            using=using,
+        )
 
 
 def task(

@@ -15,6 +15,8 @@ oldest_runnable                queued rows, through pgqueue_job_claim           
 tenant_counts (annotation)     every job of the tenants asked for (LEFT JOIN, by      yes*
                                tenant; pgqueue_job_tenant_status when few tenants)
 tenant_summaries               tenant_counts for the tenants named (or all)           yes*
+tenant_page                    pgqueue_tenant's count and one page of names, then     yes*
+                               tenant_summaries for that page (GET /tenants)
 tenant_done_share (annot.)     the last hour's done attempts (pgqueue_attempt_        no
                                finished), joined to their jobs by primary key
 top_backlogs                   TENANT_BACKLOG_TOP                                     no
@@ -24,10 +26,12 @@ buckets, slowest_tasks         attempt_finished (slowest: joined to jobs by pk)
 workers_alive, workers_        pgqueue_worker, pruned by maintenance to a day         no
 overview
 row_estimate                   TABLE_ROW_ESTIMATE (one pg_class row)                  no
+unserved_queues                QUEUE_UNSERVED: one probe of pgqueue_job_claim per     no
+                               queue with runnable jobs, and pgqueue_worker
 =============================  =====================================================  ======
 
-``*``: all jobs of the tenants asked for, finished ones included: for /tenants (all
-tenants) that is the whole table.
+``*``: all jobs of the tenants asked for, finished ones included: for a page of /tenants,
+the jobs of at most ``limit`` tenants.
 """
 
 from __future__ import annotations
@@ -97,4 +101,35 @@ SELECT b.tenant, b.queued, b.scheduled, b.backlog, t.weight,
   LEFT JOIN pgqueue_tenant t ON t.name = b.tenant
   LEFT JOIN done d ON d.tenant = b.tenant
  ORDER BY b.backlog DESC, b.tenant
+"""
+
+# -- name: QUEUE_UNSERVED
+# The queues that have runnable (queued) jobs and no live worker taking from them: not
+# stopped, seen at or after %(alive_since)s, its ``queues`` (a JSON list) naming the queue.
+# Reads: the distinct queues of the queued rows by a skip scan of the partial index
+#   pgqueue_job_claim (queue, -priority, vtime, id): each step of the recursive CTE is one
+#   index probe for the next queue name after the last, so the cost grows with the number
+#   of queues, not of jobs; then pgqueue_worker (pruned by maintenance to a day of rows)
+#   for each of them.
+# Called by reads.unserved_queues for the dashboard's queue table and the admin's queue
+# filter and worker list.
+QUEUE_UNSERVED = """
+WITH RECURSIVE runnable(queue) AS (
+    (SELECT queue FROM pgqueue_job WHERE status = 'queued' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM pgqueue_job j
+             WHERE j.status = 'queued' AND j.queue > r.queue
+             ORDER BY j.queue LIMIT 1)
+      FROM runnable r
+     WHERE r.queue IS NOT NULL
+)
+SELECT r.queue
+  FROM runnable r
+ WHERE r.queue IS NOT NULL
+   AND NOT EXISTS (
+       SELECT 1 FROM pgqueue_worker w
+        WHERE w.stopped_at IS NULL
+          AND w.last_seen_at >= %(alive_since)s
+          AND w.queues @> jsonb_build_array(r.queue))
+ ORDER BY r.queue
 """

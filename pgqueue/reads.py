@@ -128,6 +128,26 @@ def tenant_done_share(tenants: QuerySet[Tenant], since: dt.datetime) -> QuerySet
     return tenants.annotate(n_hour=Subquery(per_tenant), n_hour_total=Subquery(total))
 
 
+def tenant_page(
+    names: Iterable[str] | None = None,
+    *,
+    offset: int = 0,
+    limit: int = 50,
+    using: str = "default",
+) -> tuple[int, list[dict[str, Any]]]:
+    """How many tenants there are (all, or those named), and the summaries of ``limit`` of
+    them from ``offset``, by name: GET /tenants' page.
+
+    The count reads pgqueue_tenant (a small table); the counts of jobs only the page's
+    tenants' (tenant_summaries), so a page costs the same whatever the number of tenants.
+    """
+    tenants = Tenant.objects.using(using)
+    if names is not None:
+        tenants = tenants.filter(name__in=list(names))
+    page = tenants.order_by("name").values_list("name", flat=True)[offset : offset + limit]
+    return tenants.count(), tenant_summaries(list(page), using=using)
+
+
 def tenant_summaries(
     names: Iterable[str] | None = None, *, using: str = "default"
 ) -> list[dict[str, Any]]:
@@ -329,6 +349,18 @@ def workers_overview(now: dt.datetime, shown: int, *, using: str = "default") ->
         ],
         "lease_seconds": lease_seconds(),
     }
+
+
+def unserved_queues(now: dt.datetime | None = None, *, using: str = "default") -> list[str]:
+    """The queues with runnable jobs that no live worker serves (none alive lists them in
+    its ``queues``), by name: their jobs wait however long the backlog looks.
+
+    QUEUE_UNSERVED: one index probe per queue with queued jobs, and pgqueue_worker.
+    """
+    params = {"alive_since": alive_since(now or timezone.now())}
+    with connections[using].cursor() as cursor:
+        cursor.execute(read_sql.QUEUE_UNSERVED, params)
+        return [queue for (queue,) in cursor.fetchall()]
 
 
 # -- /stats ------------------------------------------------------------------------------

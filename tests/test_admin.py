@@ -75,6 +75,17 @@ def row_cells(html: str, value: Any, column: str | None = None) -> dict[str, str
     return found[0]
 
 
+def headers(html: str) -> list[str]:
+    """The changelist's column headers, as the page prints them (before CSS upper-cases)."""
+    head = html.split('id="result_list"', 1)[1].split("</thead>", 1)[0]
+    cells = re.findall(r'<th scope="col"[^>]*>(.*?)</th>', head, re.S)
+    return [t for t in (text(c) for c in cells) if t]
+
+
+#: How the admin prints a moment: to the second, with the time zone's name.
+MOMENT = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [A-Z]+")
+
+
 def text(cell: str) -> str:
     """A cell's text without its tags."""
     return re.sub(r"<[^>]+>", "", cell).strip()
@@ -148,11 +159,11 @@ class TestJobChangelist:
         html = response.content.decode()
 
         cells = row_cells(html, queued)
-        assert set(cells) >= {"id", "status_badge", "tenant_id", "task", "tries", "age"}
+        assert set(cells) >= {"id", "status_badge", "tenant_name", "task", "tries", "age"}
         assert "<span" in cells["status_badge"]
         assert admin_jobs.STATUS_COLOURS[Status.QUEUED] in cells["status_badge"]
         assert text(cells["status_badge"]) == "queued"
-        assert text(cells["tenant_id"]) == "acme"
+        assert text(cells["tenant_name"]) == "acme"
         assert text(cells["task"]) == "test.echo"
         assert text(cells["tries"]) == "0/5"
         assert DURATION.match(text(cells["age"])), cells["age"]
@@ -162,7 +173,7 @@ class TestJobChangelist:
         cells = row_cells(html, done)
         assert admin_jobs.STATUS_COLOURS[Status.DONE] in cells["status_badge"]
         assert text(cells["status_badge"]) == "done"
-        assert text(cells["tenant_id"]) == "beta"
+        assert text(cells["tenant_name"]) == "beta"
         assert text(cells["tries"]) == "1/5"
         assert DURATION.match(text(cells["run_time"])), cells["run_time"]
 
@@ -394,6 +405,234 @@ class TestActions:
         assert response.status_code == 200
         assert any("Items must be selected" in m for _, m in messages_of(response))
         assert status_of(queued) == "queued"
+
+
+# -- a job page's buttons -----------------------------------------------------------------
+
+
+def buttons(html: str) -> list[tuple[str, str]]:
+    """(action, form URL) of each button on a job's page, each its own POST form with a
+    CSRF token."""
+    found = re.findall(
+        r'<form method="post" action="([^"]+)" class="pgq-job-action" data-action="([\w-]+)">'
+        r"\s*<input type=\"hidden\" name=\"csrfmiddlewaretoken\" value=\"[^\"]+\">",
+        html,
+    )
+    return [(action, url) for url, action in found]
+
+
+def button_url(job_id: int, action: str) -> str:
+    return f"{JOBS}{job_id}/{action}/"
+
+
+class TestJobButtons:
+    @pytest.mark.parametrize(
+        ("state", "offered"),
+        [
+            ("dead", ["retry"]),
+            ("cancelled", ["retry"]),
+            ("scheduled", ["cancel", "run-now"]),
+            ("queued", ["cancel"]),
+            ("running", []),
+            ("done", []),
+        ],
+    )
+    def test_a_job_page_offers_the_actions_its_status_allows(self, admin_client, state, offered):
+        job_id = make_job(state)
+        html = admin_client.get(change_url(job_id)).content.decode()
+        assert buttons(html) == [(a, button_url(job_id, a)) for a in offered]
+        labels = {"retry": "Retry", "cancel": "Cancel", "run-now": "Run now"}
+        for action in offered:
+            assert f'class="pgq-job-action">{labels[action]}</button>' in html
+
+    @pytest.mark.parametrize(
+        ("state", "action", "message", "after"),
+        [
+            ("dead", "retry", "Retried 1 job(s).", "queued"),
+            ("cancelled", "retry", "Retried 1 job(s).", "queued"),
+            ("scheduled", "cancel", "Cancelled 1 job(s).", "cancelled"),
+            ("queued", "cancel", "Cancelled 1 job(s).", "cancelled"),
+            ("scheduled", "run-now", "Made runnable 1 job(s).", "queued"),
+        ],
+    )
+    def test_a_button_calls_the_service_and_says_so(
+        self, admin_client, state, action, message, after
+    ):
+        job_id = make_job(state)
+        other = make_job(state)
+        response = admin_client.post(button_url(job_id, action))
+        assert response.status_code == 302
+        assert response["Location"] == change_url(job_id)
+        page = admin_client.get(response["Location"])
+        assert ("success", message) in messages_of(page)
+        assert message in page.content.decode()
+        assert status_of(job_id) == after
+        assert status_of(other) == state  # that job only
+        if action == "retry":
+            assert Job.objects.get(pk=job_id).attempts == 0
+
+    def test_a_job_that_moved_on_is_skipped_with_the_reason(self, admin_client):
+        job_id = make_job("dead")
+        html = admin_client.get(change_url(job_id)).content.decode()
+        assert [a for a, _ in buttons(html)] == ["retry"]
+        services.retry_jobs([job_id])  # someone else was quicker
+        (claimed,) = claim("w9", queues=(Job.objects.get(pk=job_id).queue,))
+        response = admin_client.post(button_url(job_id, "retry"), follow=True)
+        msgs = messages_of(response)
+        assert ("success", "Retried 0 job(s).") in msgs
+        assert (
+            "warning",
+            f"Skipped 1 job(s) (1 running), e.g. job {job_id} is running; "
+            "only dead or cancelled jobs can be retried.",
+        ) in msgs
+        assert status_of(claimed.id) == "running"
+
+    def test_get_is_refused_and_changes_nothing(self, admin_client):
+        job_id = make_job("dead")
+        assert admin_client.get(button_url(job_id, "retry")).status_code == 405
+        assert status_of(job_id) == "dead"
+
+    def test_a_post_without_the_csrf_token_is_refused(self, admin_user):
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(admin_user)
+        job_id = make_job("dead")
+        assert client.post(button_url(job_id, "retry")).status_code == 403
+        assert status_of(job_id) == "dead"
+        # The page's own form carries the token, and then it works.
+        page = client.get(change_url(job_id)).content.decode()
+        token = re.search(
+            r'data-action="retry">\s*<input type="hidden" name="csrfmiddlewaretoken" '
+            r'value="([^"]+)"',
+            page,
+        ).group(1)
+        response = client.post(button_url(job_id, "retry"), {"csrfmiddlewaretoken": token})
+        assert response.status_code == 302
+        assert status_of(job_id) == "queued"
+
+    def test_without_change_job_there_are_no_buttons_and_a_post_is_403(self, db):
+        client = logged_in(staff_user("viewer", "view_job"))
+        job_id = make_job("dead")
+        response = client.get(change_url(job_id))
+        assert response.status_code == 200
+        assert buttons(response.content.decode()) == []
+        assert client.post(button_url(job_id, "retry")).status_code == 403
+        assert status_of(job_id) == "dead"
+        # With change_job, the same user gets them.
+        user = User.objects.get(username="viewer")
+        user.user_permissions.add(Permission.objects.get(codename="change_job"))
+        client = logged_in(user)
+        assert [a for a, _ in buttons(client.get(change_url(job_id)).content.decode())] == ["retry"]
+        assert client.post(button_url(job_id, "retry")).status_code == 302
+        assert status_of(job_id) == "queued"
+
+    def test_anonymous_users_are_sent_to_the_login_page(self, client):
+        job_id = make_job("scheduled")
+        for action in ("cancel", "run-now"):
+            response = client.post(button_url(job_id, action))
+            assert response.status_code == 302
+            assert response["Location"].startswith("/admin/login/")
+        assert status_of(job_id) == "scheduled"
+
+    def test_an_unknown_job_is_reported_missing(self, admin_client):
+        response = admin_client.post(button_url(999_999_999, "cancel"), follow=True)
+        assert any("job 999999999 does not exist" in m for _, m in messages_of(response))
+
+
+# -- times to the second, durations in ms, column headers ------------------------------------
+
+
+class TestTimesAndHeaders:
+    def test_a_job_page_shows_every_moment_to_the_second_and_the_run_time_in_ms(self, admin_client):
+        job_id = failed_twice()
+        started = timezone.now().replace(microsecond=0) - dt.timedelta(seconds=7)
+        JobAttempt.objects.filter(job_id=job_id).update(
+            started_at=started, finished_at=started + dt.timedelta(milliseconds=250)
+        )
+        Job.objects.filter(pk=job_id).update(
+            started_at=started, finished_at=started + dt.timedelta(milliseconds=850)
+        )
+        job = Job.objects.get(pk=job_id)
+        html = admin_client.get(change_url(job_id)).content.decode()
+        for field, value in (
+            ("runs_at", job.run_at),
+            ("created", job.created_at),
+            ("started", job.started_at),
+            ("finished", job.finished_at),
+        ):
+            shown = re.search(
+                rf'field-{field}">.*?<div class="readonly">(.*?)</div>', html, re.S
+            ).group(1)
+            assert MOMENT.fullmatch(shown), (field, shown)
+            assert shown == admin_common.format_timestamp(value)
+            assert shown.startswith(timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S"))
+        assert re.search(r'field-run_time">.*?<div class="readonly">850 ms</div>', html, re.S)
+        # The attempts: each start and end to the second, and each run time.
+        inline = html.split('id="history-group"', 1)[1]
+        assert len(re.findall(r'field-started">\s*<p>' + MOMENT.pattern, inline)) == 2
+        assert len(re.findall(r'field-finished">\s*<p>' + MOMENT.pattern, inline)) == 2
+        assert len(re.findall(r'field-run_time">\s*<p>250 ms</p>', inline)) == 2
+        assert not re.search(r"\b[ap]\.m\.", html)  # not the locale's minute-only format
+
+    def test_the_job_list_prints_short_run_times_in_ms(self, admin_client):
+        job_id = make_job("done")
+        start = timezone.now() - dt.timedelta(minutes=1)
+        Job.objects.filter(pk=job_id).update(
+            started_at=start, finished_at=start + dt.timedelta(milliseconds=420)
+        )
+        cells = row_cells(admin_client.get(JOBS).content.decode(), job_id)
+        assert text(cells["run_time"]) == "420 ms"
+
+    def test_the_worker_and_key_lists_show_moments_to_the_second(self, admin_client):
+        now = timezone.now()
+        Worker.objects.create(
+            id="box:1", host="box", pid=1, queues=["default"], concurrency=2, stopped_at=now
+        )
+        row, _ = keys.create_api_key(name="ci")
+        ApiKey.objects.filter(pk=row.pk).update(last_used_at=now, revoked_at=now)
+        html = admin_client.get(WORKERS).content.decode()
+        cells = row_cells(html, "box")
+        for column in ("started", "last_seen"):
+            assert MOMENT.fullmatch(text(cells[column])), cells[column]
+        page = admin_client.get(f"{WORKERS}box:1/change/").content.decode()
+        assert len(re.findall(r'<div class="readonly">' + MOMENT.pattern, page)) == 3
+        cells = row_cells(admin_client.get(KEYS).content.decode(), row.prefix)
+        for column in ("created", "last_used", "revoked"):
+            assert MOMENT.fullmatch(text(cells[column])), cells[column]
+        assert text(cells["revoked"]) == admin_common.format_timestamp(now)
+
+    def test_no_column_header_reads_like_a_foreign_key_column(self, admin_client):
+        make_job("queued", tenant="acme")
+        keys.create_api_key(name="ci")
+        Worker.objects.create(id="box:1", host="box", pid=1, queues=[], concurrency=1)
+        job_headers = headers(admin_client.get(JOBS).content.decode())
+        assert "Tenant" in job_headers
+        for url in (JOBS, TENANTS, WORKERS, KEYS):
+            found = headers(admin_client.get(url).content.decode())
+            assert found, url
+            assert not [h for h in found if re.search(r"\bid$", h, re.I) and h != "Id"], found
+        page = admin_client.get(change_url(Job.objects.get().pk)).content.decode()
+        assert re.search(r'field-tenant_name">.*?<label>Tenant:</label>', page, re.S)
+        assert "Tenant id" not in page
+
+
+# -- queues no live worker serves ------------------------------------------------------------
+
+
+class TestUnservedQueues:
+    def test_the_job_filter_and_the_worker_list_flag_them(self, admin_client):
+        services.enqueue("test.echo", {}, queue="served")
+        services.enqueue("test.echo", {}, queue="orphan")
+        Worker.objects.create(id="w:1", host="w", pid=1, queues=["served"], concurrency=1)
+        html = admin_client.get(JOBS).content.decode()
+        assert "orphan (no live worker serves this queue)" in html
+        assert "served (no live worker" not in html
+        response = admin_client.get(WORKERS)
+        assert (
+            "warning",
+            "Queue 'orphan' has runnable jobs and no live worker serves this queue.",
+        ) in messages_of(response)
+        assert "no live worker serves this queue" in response.content.decode()
+        assert not [m for _, m in messages_of(response) if "'served'" in m]
 
 
 # -- who may see and do what --------------------------------------------------------------
@@ -650,15 +889,20 @@ class TestApiKeys:
     def test_adding_a_key_shows_it_once_and_stores_only_its_hash(self, admin_client, tenant):
         Tenant.objects.create(name="acme")
         response = admin_client.post(
-            f"{KEYS}add/", {"tenant": tenant, "name": "ci", "_save": "Save"}, follow=True
+            f"{KEYS}add/", {"tenant": tenant, "name": "ci", "_save": "Save"}
         )
         assert response.status_code == 200
-        shown = [m for _, m in messages_of(response) if "It is shown only now" in m and "pgq_" in m]
-        assert len(shown) == 1, messages_of(response)
-        key = re.search(r"(pgq_\S+)$", shown[0]).group(1)
+        assert response.templates[0].name == "admin/pgqueue/apikey/created.html"
+        html = response.content.decode()
+        found = re.findall(r"pgq_[A-Za-z0-9_\-]{20,}", html)
+        assert len(found) == 1, found
+        key = found[0]
+        assert html.count(key) == 1
+        assert "Copy it now; it is not shown again." in html
+        assert "no-store" in response["Cache-Control"]
         row = ApiKey.objects.get()
         assert (row.tenant_id, row.name) == (tenant or None, "ci")
-        assert row.prefix in shown[0]
+        assert key.startswith(f"pgq_{row.prefix}_") and row.prefix in html
         assert key not in row.key_hash and len(row.key_hash) == 64
         for value in ApiKey.objects.values().get().values():
             assert key not in str(value)
@@ -666,6 +910,15 @@ class TestApiKeys:
         # Not shown again: neither on the list nor on the key's page.
         assert key not in admin_client.get(KEYS).content.decode()
         assert key not in admin_client.get(f"{KEYS}{row.pk}/change/").content.decode()
+        assert_nowhere_but_that_page(admin_client, response, key)
+
+    def test_save_and_continue_or_add_another_show_the_key_the_same_way(self, admin_client):
+        for button in ("_continue", "_addanother"):
+            response = admin_client.post(f"{KEYS}add/", {"name": button, button: "1"})
+            assert response.status_code == 200
+            (key,) = re.findall(r"pgq_[A-Za-z0-9_\-]{20,}", response.content.decode())
+            assert keys.authenticate_api_key(key).name == button
+            assert_nowhere_but_that_page(admin_client, response, key)
 
     def test_the_revoke_action_sets_revoked_at(self, admin_client):
         first, key = keys.create_api_key(name="one")
@@ -689,6 +942,28 @@ class TestApiKeys:
         assert admin_client.get(f"{KEYS}{row.pk}/delete/").status_code == 403
         row.refresh_from_db()
         assert row.name == "one"
+
+
+def assert_nowhere_but_that_page(client: Client, response: Any, key: str) -> None:
+    """The new key is in no cookie (the messages cookie is signed, not encrypted), no
+    message, no session, no log entry, and on no later page."""
+    from django.contrib.admin.models import LogEntry
+    from django.contrib.sessions.models import Session
+
+    for cookie in response.cookies.values():
+        assert key not in cookie.OutputString()
+    assert key not in str(response.headers)
+    assert not [m for _, m in messages_of(response) if key in m]
+    for session in Session.objects.all():
+        assert key not in json.dumps(session.get_decoded())
+    for entry in LogEntry.objects.all():
+        assert key not in f"{entry.object_repr} {entry.change_message}"
+    for url in (KEYS, f"{KEYS}{ApiKey.objects.order_by('-pk').first().pk}/change/", "/admin/"):
+        later = client.get(url)
+        assert key not in later.content.decode()
+        for cookie in later.cookies.values():
+            assert key not in cookie.OutputString()
+    assert key not in str(client.cookies)
 
 
 # -- large tables -------------------------------------------------------------------------

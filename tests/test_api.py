@@ -726,6 +726,71 @@ class TestRetry:
         assert_error(api.post("/jobs/987654321/retry"), 404, code="not_found")
 
 
+# -- query parameters ---------------------------------------------------------------------
+
+
+#: Every GET endpoint with the query parameters it reads.
+GET_ENDPOINTS = [
+    ("/jobs", {"status", "task", "tenant", "queue", "created_after", "created_before"}),
+    ("/jobs/{job}", set()),
+    ("/tenants", set()),
+    ("/tenants/acme", set()),
+    ("/stats", set()),
+    ("/metrics", set()),
+]
+
+
+class TestQueryParameters:
+    """One rule, as for body fields: a parameter an endpoint does not read is a 400 naming
+    it (a misspelt filter must not return the unfiltered list); ``format`` is DRF's."""
+
+    @pytest.mark.parametrize(("path", "_"), GET_ENDPOINTS)
+    @pytest.mark.parametrize("name", ["stauts", "page", "limit_"])
+    def test_an_unknown_parameter_is_a_400_naming_it(self, api, path, _, name):
+        job = make_job("queued", tenant="acme")
+        error = assert_error(api.get(path.format(job=job), {name: "1"}), 400, field=name)
+        assert name in error["detail"] and "unknown query parameter" in error["detail"]
+
+    def test_the_accepted_parameters_are_listed_in_the_message(self, api):
+        error = assert_error(api.get("/jobs", {"stauts": "dead"}), 400, field="stauts")
+        assert (
+            "accepted: created_after, created_before, limit, offset, queue, status"
+            in (error["detail"])
+        )
+        error = assert_error(api.get("/tenants", {"sort": "name"}), 400, field="sort")
+        assert error["fields"] == {"sort": "unknown query parameter; accepted: limit, offset"}
+        error = assert_error(api.get("/stats", {"x": "1"}), 400, field="x")
+        assert error["detail"].endswith("accepted: none")
+
+    @pytest.mark.parametrize(("path", "_"), GET_ENDPOINTS)
+    def test_format_still_works(self, api, path, _):
+        job = make_job("queued", tenant="acme")
+        response = api.get(path.format(job=job), {"format": "json"})
+        assert response.status_code == 200, response.content
+        assert response["Content-Type"].startswith(("application/json", "text/plain"))
+
+    def test_the_browsable_api_still_renders(self, admin_client):
+        services.set_tenant_weight("acme", 1)
+        for path in ("/jobs", "/tenants"):
+            response = admin_client.get(path, {"format": "api"})
+            assert response.status_code == 200
+            assert response["Content-Type"].startswith("text/html")
+            response = admin_client.get(path, HTTP_ACCEPT="text/html")
+            assert response.status_code == 200 and b"<html" in response.content
+
+    @pytest.mark.parametrize(("path", "accepted"), GET_ENDPOINTS[:1])
+    def test_every_accepted_parameter_is_accepted(self, api, path, accepted):
+        for name in accepted:
+            value = {"status": "queued", "created_after": "2000-01-01T00:00:00Z"}.get(
+                name, "2000-01-01T00:00:00Z" if name == "created_before" else "acme"
+            )
+            response = api.get(path, {name: value, "limit": "5", "offset": "0"})
+            assert response.status_code == 200, (name, response.content)
+
+    def test_an_unauthenticated_caller_learns_nothing_from_a_parameter(self):
+        assert_error(APIClient().get("/jobs", {"stauts": "dead"}), 401)
+
+
 # -- tenants ------------------------------------------------------------------------------
 
 
@@ -746,12 +811,48 @@ class TestTenants:
         services.set_tenant_weight("globex", 2.5)
         response = api.get("/tenants")
         assert response.status_code == 200, response.content
-        tenants = {t["name"]: t for t in response.json()}
+        data = response.json()
+        assert set(data) == {"count", "next", "previous", "results"}
+        tenants = {t["name"]: t for t in data["results"]}
         assert {"acme", "globex"} <= set(tenants)
+        assert data["count"] == len(tenants) == Tenant.objects.count()
         assert tenants["acme"]["backlog"] == 1
         assert tenants["globex"]["weight"] == 2.5
         for tenant in tenants.values():
             assert {"name", "weight", "backlog", "running", "done", "dead"} <= set(tenant)
+
+    def test_the_list_is_paginated_like_jobs_by_name(self, api):
+        names = [f"t{i:03d}" for i in range(57)]
+        for name in names:
+            services.set_tenant_weight(name, 1)
+        every = sorted(Tenant.objects.values_list("name", flat=True))
+        data = api.get("/tenants").json()
+        assert data["count"] == len(every)
+        assert [t["name"] for t in data["results"]] == every[:50]
+        assert data["previous"] is None and "limit=50" in data["next"]
+        tail = api.get(data["next"]).json()
+        assert [t["name"] for t in tail["results"]] == every[50:]
+        assert tail["next"] is None and tail["previous"]
+        back = api.get(tail["previous"]).json()
+        assert back["results"] == data["results"]
+        page = api.get("/tenants", {"limit": 3, "offset": 2}).json()
+        assert [t["name"] for t in page["results"]] == every[2:5]
+        assert api.get("/tenants", {"offset": len(every)}).json()["results"] == []
+        assert len(api.get("/tenants", {"limit": 500}).json()["results"]) == len(every)
+
+    @pytest.mark.parametrize(
+        ("params", "field"),
+        [
+            ({"limit": 501}, "limit"),
+            ({"limit": 0}, "limit"),
+            ({"limit": "ten"}, "limit"),
+            ({"offset": -1}, "offset"),
+            ({"offset": "x"}, "offset"),
+        ],
+    )
+    def test_bad_page_parameters_are_400_naming_them(self, api, params, field):
+        error = assert_error(api.get("/tenants", params), 400, field=field)
+        assert field in error["detail"]
 
     def test_an_unknown_tenant_is_404(self, api):
         assert_error(api.get("/tenants/nobody"), 404, code="not_found")

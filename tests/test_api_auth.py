@@ -248,7 +248,9 @@ class TestTenantKey:
         make_job("queued", tenant="acme")
         response = acme.get("/tenants")
         assert response.status_code == 200
-        assert [t["name"] for t in response.json()] == ["acme"]
+        data = response.json()
+        assert [t["name"] for t in data["results"]] == ["acme"]
+        assert (data["count"], data["next"], data["previous"]) == (1, None, None)
         assert acme.get("/tenants/acme").json()["backlog"] == 1
         assert_error(acme.get("/tenants/globex"), 404)
 

@@ -217,3 +217,41 @@ def test_metrics_of_an_empty_queue_still_parse():
     families = {f.name: f for f in text_string_to_metric_families(response.content.decode())}
     assert families["pgqueue_jobs"].samples == []
     assert [s.value for s in families["pgqueue_workers_alive"].samples] == [0]
+
+
+def schema_json() -> dict[str, Any]:
+    response = APIClient().get("/schema", {"format": "json"})
+    assert response.status_code == 200
+    return json.loads(response.content)
+
+
+def test_the_two_lists_share_one_page_shape_and_their_parameters():
+    schema = schema_json()
+    pages = {}
+    for path in ("/jobs", "/tenants"):
+        op = next(item["get"] for p, item in schema["paths"].items() if p.rstrip("/") == path)
+        params = {p["name"]: p for p in op["parameters"] if p["in"] == "query"}
+        assert {"limit", "offset"} <= set(params), path
+        assert "default 50" in params["limit"]["description"]
+        assert "1..500" in params["limit"]["description"]
+        ref = op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+        pages[path] = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    for page in pages.values():
+        assert set(page["properties"]) == {"count", "next", "previous", "results"}
+        assert page["properties"]["results"]["type"] == "array"
+    item = pages["/tenants"]["properties"]["results"]["items"]["$ref"]
+    assert item.endswith("/Tenant")
+
+
+def test_each_get_documents_exactly_the_query_parameters_it_accepts():
+    """The schema and the rule that refuses unknown parameters cannot drift apart."""
+    from django.urls import resolve
+
+    schema = schema_json()
+    for path, item in schema["paths"].items():
+        if "get" not in item or path.rstrip("/") in {"/health", "/schema", "/docs"}:
+            continue
+        concrete = path.replace("{job_id}", "1").replace("{name}", "acme")
+        view = resolve(concrete).func.view_class
+        documented = {p["name"] for p in item["get"].get("parameters", []) if p["in"] == "query"}
+        assert documented == set(view.query_params), path

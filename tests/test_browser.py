@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -183,6 +185,20 @@ def screenshot(driver: webdriver.Chrome, name: str) -> Path:
     return path
 
 
+def dead_job() -> int:
+    """A job whose only attempt failed for good, in a queue of its own."""
+    job, _ = pgqueue.enqueue("test.echo", {"n": 1}, tenant="acme", queue="graveyard")
+    with connection.cursor() as cur:
+        (claimed,) = store.claim(cur, worker="w-dead", queues=["graveyard"], limit=1)
+        store.fail_many(
+            cur,
+            worker="w-dead",
+            failures=[store.Failure(claimed.id, claimed.attempt, "KeyError: 'x'", "tb", True)],
+        )
+    assert Job.objects.get(pk=job.pk).status == "dead"
+    return job.pk
+
+
 def populate() -> None:
     """An hour of history and a live backlog, so every section of the dashboard has rows."""
     tenants = {"acme": 2.0, "globex": 1.0, "initech": 0.5, "umbrella": 1.0}
@@ -248,6 +264,9 @@ def populate() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_admin_and_dashboard_in_a_real_browser(browser: webdriver.Chrome, live_server: Any):
     populate()
+    # A queue with a runnable job and no worker taking from it.
+    pgqueue.enqueue("test.noop", tenant="umbrella", queue="orphan")
+    dead = dead_job()
     User.objects.create_superuser("ops", "ops@example.com", "correct horse battery")
     base = live_server.url
     journal = Journal(browser)
@@ -295,6 +314,18 @@ def test_admin_and_dashboard_in_a_real_browser(browser: webdriver.Chrome, live_s
     )
     assert tenants == [row["tenant_id"] for row in backlog]
     assert set(tenants) == {"acme", "globex", "initech", "umbrella"}
+    flagged = browser.find_elements(By.CSS_SELECTOR, "#pgq-queues tr[data-unserved] .pgq-unserved")
+    assert [f.text for f in flagged] == ["no live worker serves this queue"]
+    assert flagged[0].find_element(By.XPATH, "ancestor::tr").get_attribute("data-queue") == (
+        "orphan"
+    )
+    # The x axis' labels, as the browser lays them out: none overlaps the next.
+    boxes = browser.execute_script(
+        "return [...document.querySelectorAll('svg.pgq-chart text.pgq-x-label')]"
+        ".map(t => { const b = t.getBoundingClientRect(); return [b.left, b.right]; })"
+    )
+    assert len(boxes) >= 6
+    assert all(right < next_left for (_, right), (next_left, _) in itertools.pairwise(boxes))
     states = browser.find_elements(By.CSS_SELECTOR, "#pgq-workers .pgq-state")
     assert [s.text for s in states] == ["alive", "alive", "stale", "stopped"]
     # It fits the laptop-sized window: no sideways scrolling.
@@ -317,6 +348,24 @@ def test_admin_and_dashboard_in_a_real_browser(browser: webdriver.Chrome, live_s
     wait.until(lambda d: d.find_elements(By.ID, "changelist"))
     journal.drain()
     screenshot(browser, "job_changelist")
+
+    # A dead job's page: its Retry button, times to the second; the button retries it.
+    browser.get(f"{base}/admin/pgqueue/job/{dead}/change/")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#content-main"))
+    journal.drain()
+    tools = browser.find_elements(By.CSS_SELECTOR, ".object-tools button.pgq-job-action")
+    assert [b.text for b in tools] == ["RETRY"]  # upper-cased by the admin's style
+    created = browser.find_element(By.CSS_SELECTOR, ".field-created .readonly").text
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [A-Z]+", created), created
+    screenshot(browser, "job_dead")
+    tools[0].click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist .success"))
+    journal.drain()
+    assert "Retried 1 job(s)." in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
+    assert Job.objects.get(pk=dead).status == "queued"
+    tools = browser.find_elements(By.CSS_SELECTOR, ".object-tools button.pgq-job-action")
+    assert [b.text for b in tools] == ["CANCEL"]
+    screenshot(browser, "job_retried")
 
     assert links == [f"{base}{DASHBOARD_URL}"], (
         "the admin index shows 'Dashboard' without a link to the dashboard: Django links "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import re
 import xml.etree.ElementTree as ET
 from typing import Any
@@ -16,8 +17,8 @@ from django.urls import resolve, reverse
 from django.utils import timezone
 
 import pgqueue
-from pgqueue import services, store
-from pgqueue.chart import throughput_chart_svg
+from pgqueue import reads, services, store
+from pgqueue.chart import CHART_WIDTH, X_LABEL_GAP, X_LABEL_WIDTH, throughput_chart_svg
 from pgqueue.dashboard import dashboard_data, dashboard_view
 from pgqueue.durations import format_seconds
 from pgqueue.models import Job, JobAttempt, Worker
@@ -177,6 +178,24 @@ class TestData:
         assert queues["default"]["oldest_age"] == "5 min 0 s"
         assert queues["later"]["oldest_age_seconds"] is None
 
+    def test_a_queue_no_live_worker_serves_is_flagged(self, now):
+        pgqueue.enqueue("test.noop", queue="served")
+        pgqueue.enqueue("test.noop", queue="orphan")
+        pgqueue.enqueue("test.noop", queue="by-the-dead")
+        pgqueue.enqueue("test.noop", queue="later", delay=600)  # nothing runnable yet
+        add_worker("w-live", seen=now, queues=["served", "other"])
+        add_worker("w-stale", seen=now - dt.timedelta(hours=1), queues=["by-the-dead"])
+        add_worker("w-stopped", seen=now, stopped=now, queues=["orphan", "by-the-dead"])
+
+        queues = {q["queue"]: q for q in dashboard_data(now)["queues"]}
+
+        flagged = {name for name, q in queues.items() if q["unserved"]}
+        assert flagged == {"orphan", "by-the-dead"}
+        assert reads.unserved_queues(now) == ["by-the-dead", "orphan"]
+        # Served once a live worker lists it.
+        add_worker("w-new", seen=now, queues=["orphan"])
+        assert reads.unserved_queues(now) == ["by-the-dead"]
+
     def test_throughput_and_failures_per_minute_over_the_last_hour(self, now):
         five_ago = now - dt.timedelta(minutes=5)
         half_hour_ago = now - dt.timedelta(minutes=30)
@@ -302,6 +321,30 @@ class TestChart:
         assert "&lt;script&gt;" in svg and "&amp; co" in svg
         ET.fromstring(svg)
 
+    @pytest.mark.parametrize("start_minute", range(10))
+    def test_x_labels_never_overlap_and_the_current_minute_is_labelled(self, start_minute):
+        """Whatever minute the window starts at, no two x labels sit closer than a label's
+        width (the current minute's used to land on the last ten-minute label when they
+        were four minutes apart), and the last label is the current minute."""
+        start = dt.datetime(2025, 1, 2, 10, start_minute, tzinfo=dt.UTC)
+        buckets = [Bucket(start + dt.timedelta(minutes=i), 1, 0) for i in range(60)]
+        root = ET.fromstring(throughput_chart_svg(buckets))
+        labels = [
+            (float(t.get("x")), t.text)
+            for t in root.iter(f"{SVG}text")
+            if "pgq-x-label" in (t.get("class") or "").split()
+        ]
+        xs = [x for x, _ in labels]
+        assert xs == sorted(xs) and len(xs) >= 6
+        gaps = [b - a for a, b in itertools.pairwise(xs)]
+        assert min(gaps) >= X_LABEL_WIDTH + X_LABEL_GAP, labels
+        assert labels[-1][1] == f"{buckets[-1].minute:%H:%M}"
+        assert xs[0] - X_LABEL_WIDTH / 2 >= 0 and xs[-1] + X_LABEL_WIDTH / 2 <= CHART_WIDTH
+        # Every whole ten minutes is labelled but the one the current minute crowds out.
+        tens = {f"{b.minute:%H:%M}" for b in buckets[:-1] if b.minute.minute % 10 == 0}
+        shown = {text for _, text in labels[:-1]}
+        assert shown <= tens and len(tens - shown) <= 1
+
     def test_y_axis_is_round(self):
         svg = throughput_chart_svg(buckets_with({0: (93, 0)}))
         labels = re.findall(r'text-anchor="end"[^>]*>(\d+)</text>', svg)
@@ -352,7 +395,8 @@ class TestPage:
         assert resolve(DASHBOARD_URL).url_name == "pgqueue_dashboard"
 
     def test_renders_for_staff_inside_the_admin(self, staff_client, now):
-        pgqueue.enqueue_many("test.noop", [{}] * 1234, tenant="big-tenant")
+        pgqueue.enqueue_many("test.noop", [{}] * 1233, tenant="big-tenant")
+        pgqueue.enqueue("test.noop", tenant="big-tenant", queue="orphan")  # 1,234 queued
         finish_at(run("test.echo", tenant="busy"), now - dt.timedelta(minutes=2), 7)
         add_worker("w-1", seen=timezone.now(), host="worker-host-1")
 
@@ -370,6 +414,14 @@ class TestPage:
         assert 'data-tenant="big-tenant"' in html
         assert "big-tenant" in html and "worker-host-1" in html
         assert "test.echo" in html and "7.00 s" in html
+        # No live worker takes from "orphan": the queue table says so, and only there.
+        assert re.search(
+            r'<tr data-queue="orphan" data-unserved="true">\s*<td class="pgq-name">orphan '
+            r'<span class="pgq-unserved"[^>]*>no live worker serves this queue</span>',
+            html,
+        )
+        assert html.count("no live worker serves this queue") == 1
+        assert '<tr data-queue="default">' in html
         assert re.search(r'data-status="workers-alive">\s*<span class="pgq-num">1<', html)
         # Nothing on the page points outside this server.
         assert not re.search(r'(src|href)="(https?:)?//', html)

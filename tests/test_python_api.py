@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import inspect
 
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
+from django.utils.connection import ConnectionDoesNotExist
 
 import pgqueue
 from pgqueue import services, store
@@ -236,3 +238,109 @@ class TestQueryBudgets:
                 cur, worker="w1", results=[(j.id, j.attempt, "null") for j in jobs]
             )
         assert len(done) == 20
+
+
+# -- the signatures help() and IDEs show ---------------------------------------------------
+
+ENQUEUE_OPTIONS = [
+    "tenant",
+    "queue",
+    "priority",
+    "delay",
+    "run_at",
+    "idempotency_key",
+    "max_attempts",
+    "using",
+]
+
+
+def keyword_only(func: object) -> list[str]:
+    return [
+        name
+        for name, p in inspect.signature(func).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+
+
+class TestSignatures:
+    """``pgqueue.enqueue`` and ``Task.enqueue`` spell their options out, so ``help()`` and
+    editors show them; the services' options are the reference, so a new one is not
+    forgotten here."""
+
+    @pytest.mark.parametrize(
+        ("public", "reference"),
+        [
+            (pgqueue.enqueue, services.enqueue),
+            (pgqueue.Task.enqueue, services.enqueue),
+            (pgqueue.enqueue_many, services.enqueue_many),
+            (pgqueue.Task.enqueue_many, services.enqueue_many),
+        ],
+    )
+    def test_the_options_are_spelled_out_with_types(self, public, reference):
+        params = inspect.signature(public).parameters
+        assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        assert sorted(keyword_only(public)) == sorted(keyword_only(reference))
+        for name in keyword_only(public):
+            assert params[name].annotation is not inspect.Parameter.empty, name
+        assert public.__doc__
+
+    def test_enqueue_lists_every_option(self):
+        assert keyword_only(pgqueue.enqueue) == ENQUEUE_OPTIONS
+        assert keyword_only(pgqueue.enqueue_many) == [
+            o for o in ENQUEUE_OPTIONS if o != "idempotency_key"
+        ]
+        assert "idempotency_key" in (pgqueue.enqueue.__doc__ or "")
+
+    @pytest.mark.django_db
+    @pytest.mark.parametrize("via", ["module", "task"])
+    def test_each_option_is_forwarded(self, via):
+        from tests.taskapp.tasks import echo
+
+        enqueue = (
+            pgqueue.enqueue if via == "module" else (lambda _t, *a, **k: echo.enqueue(*a, **k))
+        )
+        enqueue_many = (
+            pgqueue.enqueue_many
+            if via == "module"
+            else (lambda _t, *a, **k: echo.enqueue_many(*a, **k))
+        )
+        when = timezone.now() + dt.timedelta(hours=2)
+        job, _ = enqueue(
+            "test.echo",
+            {"n": 1},
+            tenant="fwd",
+            queue="fwd-q",
+            priority=7,
+            run_at=when,
+            idempotency_key=f"fwd-{via}",
+            max_attempts=3,
+            using="default",
+        )
+        stored = Job.objects.get(pk=job.pk)
+        assert (stored.tenant_id, stored.queue, stored.priority) == ("fwd", "fwd-q", 7)
+        assert (stored.idempotency_key, stored.max_attempts) == (f"fwd-{via}", 3)
+        assert (stored.status, stored.run_at) == ("scheduled", when)
+        delayed, _ = enqueue("test.echo", {}, delay=3600)
+        assert Job.objects.get(pk=delayed.pk).run_at > timezone.now() + dt.timedelta(minutes=59)
+        ids = enqueue_many(
+            "test.echo",
+            [{}, {}],
+            tenant="fwd",
+            queue="fwd-q",
+            priority=-3,
+            delay=60,
+            max_attempts=2,
+            using="default",
+        )
+        rows = Job.objects.filter(pk__in=ids)
+        assert {(j.tenant_id, j.queue, j.priority, j.max_attempts, j.status) for j in rows} == {
+            ("fwd", "fwd-q", -3, 2, "scheduled")
+        }
+        when_many = timezone.now() + dt.timedelta(hours=3)
+        (later_id,) = enqueue_many("test.echo", [{}], run_at=when_many)
+        assert Job.objects.get(pk=later_id).run_at == when_many
+        # ``using`` reaches the services: an unknown alias is refused by Django.
+        with pytest.raises(ConnectionDoesNotExist):
+            enqueue("test.echo", {}, using="no-such-database")
+        with pytest.raises(ConnectionDoesNotExist):
+            enqueue_many("test.echo", [{}], using="no-such-database")

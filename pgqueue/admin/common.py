@@ -1,16 +1,19 @@
 """What the pgqueue admins share: list pagination that never counts a whole table, the
-operator's report of an action, JSON display, the column filter and the view-only base."""
+operator's report of an action, JSON display, timestamps to the second, the column filter
+and the view-only base."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
+from django.utils import dateformat, timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
@@ -54,6 +57,29 @@ class EstimatedCountPaginator(Paginator):
             counted = qs.order_by()[: COUNT_BOUND + 1].count()
             return BoundedCount(counted) if counted > COUNT_BOUND else counted
         return len(qs)
+
+
+#: How the admin prints a moment: to the second (the project's DATETIME_FORMAT usually stops
+#: at the minute, and jobs live for seconds), in the current time zone, named.
+TIMESTAMP_FORMAT = "Y-m-d H:i:s T"
+
+
+def format_timestamp(value: dt.datetime | None) -> str:
+    """A moment as every pgqueue admin page prints it, e.g. "2026-12-01 09:47:44 UTC"."""
+    if value is None:
+        return "—"
+    return dateformat.format(timezone.template_localtime(value), TIMESTAMP_FORMAT)
+
+
+def timestamp(field: str, description: str | None = None) -> Callable[[Any, Any], str]:
+    """A column or read-only field showing the datetime ``field`` to the second, sorted by
+    it: ``created = timestamp("created_at")`` in a ModelAdmin or inline."""
+
+    def show(self: Any, obj: Any) -> str:
+        return format_timestamp(getattr(obj, field))
+
+    show.__name__ = field
+    return admin.display(description=description or field.replace("_", " "), ordering=field)(show)
 
 
 def pretty_json(value: Any) -> str:

@@ -1,21 +1,32 @@
 """The job list and a job's page: filters, the attempt history, and the actions (retry,
-cancel, run now) that call the service layer."""
+cancel, run now) that call the service layer, on the list for the selected jobs and on a
+job's page as buttons for that job."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .. import services
+from .. import reads, services
 from ..durations import format_seconds
 from ..models import FairClock, Job, JobAttempt, Status, Tenant
 from ..registry import registered_tasks
-from .common import ColumnFilter, EstimatedCountPaginator, pretty_json, report_changes
+from .common import (
+    ColumnFilter,
+    EstimatedCountPaginator,
+    pretty_json,
+    report_changes,
+    timestamp,
+)
 
 STATUS_COLOURS = {
     Status.SCHEDULED: "#6c757d",
@@ -27,13 +38,57 @@ STATUS_COLOURS = {
 }
 
 
+@dataclass(frozen=True)
+class JobAction:
+    """A button on a job's page: the same service call as the list action of that name."""
+
+    slug: str  # the URL's last segment
+    label: str
+    verb: str  # of the message: "Retried 1 job(s)."
+    statuses: tuple[str, ...]  # the jobs it applies to; the service skips the others
+    call: Callable[[list[int]], services.BulkResult]
+
+
+JOB_ACTIONS = [
+    JobAction(
+        "retry",
+        "Retry",
+        "Retried",
+        (Status.DEAD, Status.CANCELLED),
+        services.retry_jobs,
+    ),
+    JobAction(
+        "cancel",
+        "Cancel",
+        "Cancelled",
+        (Status.SCHEDULED, Status.QUEUED),
+        services.cancel_jobs,
+    ),
+    JobAction(
+        "run-now",
+        "Run now",
+        "Made runnable",
+        (Status.SCHEDULED,),
+        services.run_jobs_now,
+    ),
+]
+
+
 class QueueFilter(ColumnFilter):
-    """Queues known to the fair clocks (a small table), not a DISTINCT over every job."""
+    """Queues known to the fair clocks (a small table), not a DISTINCT over every job. A
+    queue with runnable jobs and no live worker serving it says so."""
 
     title = parameter_name = column = "queue"
 
     def choices_of(self) -> Iterable[str]:
         return FairClock.objects.order_by("queue").values_list("queue", flat=True).distinct()
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        unserved = set(reads.unserved_queues())
+        return [
+            (q, f"{q} (no live worker serves this queue)" if q in unserved else q)
+            for q in self.choices_of()
+        ]
 
 
 class TaskFilter(ColumnFilter):
@@ -57,9 +112,18 @@ class AttemptInline(admin.TabularInline):
     model = JobAttempt
     extra = 0
     can_delete = False
-    fields = ["attempt", "outcome", "worker", "started_at", "finished_at", "error", "trace"]
+    fields = ["attempt", "outcome", "worker", "started", "finished", "run_time", "error", "trace"]
     readonly_fields = fields
     ordering = ["id"]
+
+    started = timestamp("started_at")
+    finished = timestamp("finished_at")
+
+    @admin.display(description="run time")
+    def run_time(self, obj: JobAttempt) -> str:
+        if obj.started_at is None or obj.finished_at is None:
+            return "—"
+        return format_seconds((obj.finished_at - obj.started_at).total_seconds())
 
     def has_add_permission(self, request: Any, obj: Any = None) -> bool:
         return False
@@ -83,7 +147,7 @@ class JobAdmin(admin.ModelAdmin):
     list_display = [
         "id",
         "status_badge",
-        "tenant_id",
+        "tenant_name",
         "task",
         "queue",
         "priority",
@@ -107,8 +171,9 @@ class JobAdmin(admin.ModelAdmin):
     list_per_page = 50
     actions = ["retry_jobs", "cancel_jobs", "run_now"]
     inlines = [AttemptInline]
+    change_form_template = "admin/pgqueue/job/change_form.html"
     fieldsets = [
-        (None, {"fields": ["id", "task", "tenant_id", "queue", "status_badge", "priority"]}),
+        (None, {"fields": ["id", "task", "tenant_name", "queue", "status_badge", "priority"]}),
         ("Data", {"fields": ["payload_pretty", "result_pretty", "last_error"]}),
         (
             "Attempts and timing",
@@ -116,12 +181,13 @@ class JobAdmin(admin.ModelAdmin):
                 "fields": [
                     "tries",
                     "idempotency_key",
-                    "run_at",
-                    "created_at",
-                    "started_at",
-                    "finished_at",
+                    "runs_at",
+                    "created",
+                    "started",
+                    "finished",
+                    "run_time",
                     "lease_owner",
-                    "lease_expires_at",
+                    "lease_expires",
                     "vtime",
                 ]
             },
@@ -130,7 +196,7 @@ class JobAdmin(admin.ModelAdmin):
     readonly_fields = [
         "id",
         "task",
-        "tenant_id",
+        "tenant_name",
         "queue",
         "status_badge",
         "priority",
@@ -139,14 +205,21 @@ class JobAdmin(admin.ModelAdmin):
         "last_error",
         "tries",
         "idempotency_key",
-        "run_at",
-        "created_at",
-        "started_at",
-        "finished_at",
+        "runs_at",
+        "created",
+        "started",
+        "finished",
+        "run_time",
         "lease_owner",
-        "lease_expires_at",
+        "lease_expires",
         "vtime",
     ]
+
+    runs_at = timestamp("run_at", "run at")
+    created = timestamp("created_at")
+    started = timestamp("started_at")
+    finished = timestamp("finished_at")
+    lease_expires = timestamp("lease_expires_at")
 
     # Jobs are created by enqueueing and changed by actions, never edited by hand.
     def has_add_permission(self, request: Any) -> bool:
@@ -164,6 +237,61 @@ class JobAdmin(admin.ModelAdmin):
         if term.isdigit():
             return queryset.filter(Q(pk=int(term)) | Q(idempotency_key=term) | Q(task=term)), False
         return super().get_search_results(request, queryset, term)
+
+    def get_urls(self) -> list[URLPattern]:
+        # Before the admin's own: its "<path:object_id>/" would take these too.
+        buttons = [
+            path(
+                f"<int:job_id>/{action.slug}/",
+                self.admin_site.admin_view(self._action_view(action)),
+                name=f"pgqueue_job_{action.slug.replace('-', '_')}",
+            )
+            for action in JOB_ACTIONS
+        ]
+        return buttons + super().get_urls()
+
+    def _action_view(self, action: JobAction) -> Callable[..., HttpResponse]:
+        def view(request: HttpRequest, job_id: int) -> HttpResponse:
+            """A job page's button: POST only (the admin wraps this view in csrf_protect),
+            with the permission the list's actions need."""
+            if request.method != "POST":
+                return HttpResponseNotAllowed(["POST"])
+            if not super(JobAdmin, self).has_change_permission(request):
+                raise PermissionDenied
+            report_changes(self, request, action.verb, action.call([job_id]))
+            return HttpResponseRedirect(reverse("admin:pgqueue_job_change", args=[job_id]))
+
+        return view
+
+    def job_buttons(self, request: HttpRequest, job: Job | None) -> list[dict[str, str]]:
+        """The buttons a job's page shows: those whose action applies to the job's status,
+        for a user who may change jobs."""
+        if job is None or not super().has_change_permission(request):
+            return []
+        return [
+            {
+                "label": action.label,
+                "slug": action.slug,
+                "url": reverse(f"admin:pgqueue_job_{action.slug.replace('-', '_')}", args=[job.pk]),
+            }
+            for action in JOB_ACTIONS
+            if job.status in action.statuses
+        ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        job = self.get_object(request, object_id)
+        context = {**(extra_context or {}), "job_buttons": self.job_buttons(request, job)}
+        return super().change_view(request, object_id, form_url, context)
+
+    @admin.display(description="tenant", ordering="tenant_id")
+    def tenant_name(self, obj: Job) -> str:
+        return obj.tenant_id
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: Job) -> str:

@@ -4,22 +4,39 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils.cache import add_never_cache_headers, patch_cache_control
 
 from .. import keys
 from ..models import ApiKey
+from .common import timestamp
+
+#: The page that shows a new key, once: the response to the add form's POST.
+CREATED_TEMPLATE = "admin/pgqueue/apikey/created.html"
 
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    """Create a key (shown once, in a message), revoke keys, see their last use."""
+    """Create a key (shown once, on the page that answers the add form), revoke keys, see
+    their last use.
 
-    list_display = ["prefix", "scope", "name", "created_at", "last_used_at", "revoked_at"]
+    The key goes into that one response's body and nowhere else: not a message (the
+    messages framework keeps them in a signed, not encrypted, cookie or in the session
+    until the next page reads them), not the session, not the log entry.
+    """
+
+    list_display = ["prefix", "scope", "name", "created", "last_used", "revoked"]
     list_filter = ["revoked_at"]
     search_fields = ["prefix", "name", "tenant__name"]
     fields = ["tenant", "name"]
     actions = ["revoke"]
+
+    created = timestamp("created_at")
+    last_used = timestamp("last_used_at", "last used")
+    revoked = timestamp("revoked_at")
 
     def has_change_permission(self, request: Any, obj: Any = None) -> bool:
         return obj is None and super().has_change_permission(request, obj)
@@ -35,11 +52,29 @@ class ApiKeyAdmin(admin.ModelAdmin):
         row, key = keys.create_api_key(tenant=obj.tenant_id, name=obj.name)
         obj.pk = row.pk
         obj.prefix = row.prefix
-        self.message_user(
-            request,
-            f"API key {row.prefix} created. It is shown only now; store it: {key}",
-            messages.WARNING,
-        )
+        obj.created_at = row.created_at
+        # Held by this request's object only, for response_add to print.
+        obj._new_key = key  # type: ignore[attr-defined]
+
+    def response_add(
+        self, request: HttpRequest, obj: ApiKey, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        """The new key, on a page of its own: the only time it is shown."""
+        key = getattr(obj, "_new_key", None)
+        if key is None:  # not created by save_model: nothing to show
+            return super().response_add(request, obj, post_url_continue)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "API key created",
+            "opts": self.opts,
+            "row": obj,
+            "key": key,
+            "scope": self.scope(obj),
+        }
+        response = TemplateResponse(request, CREATED_TEMPLATE, context)
+        add_never_cache_headers(response)
+        patch_cache_control(response, no_store=True)
+        return response
 
     @admin.action(description="Revoke the selected API keys", permissions=["change"])
     def revoke(self, request: Any, queryset: QuerySet) -> None:

@@ -131,6 +131,15 @@ class TenantSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
+class TenantListSerializer(serializers.Serializer):
+    """GET /tenants: the same list shape as GET /jobs."""
+
+    count = serializers.IntegerField()
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = TenantSerializer(many=True)
+
+
 class WeightRequest(serializers.Serializer):
     weight = serializers.FloatField(help_text="> 0")
     queue = serializers.CharField(required=False, help_text="override in this queue only")

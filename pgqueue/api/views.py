@@ -20,6 +20,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from .. import reads, services
@@ -45,6 +46,7 @@ from .serializers import (
     JobListSerializer,
     JobSerializer,
     StatsSerializer,
+    TenantListSerializer,
     TenantSerializer,
     WeightRequest,
 )
@@ -53,6 +55,13 @@ ERRORS = {code: ErrorSerializer for code in (400, 401, 403, 404, 409, 413, 415, 
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
 MAX_OFFSET = 2**62
+#: The pagination parameters of every list endpoint (GET /jobs, GET /tenants).
+PAGE_PARAMETERS = [
+    OpenApiParameter(
+        "limit", int, description=f"1..{MAX_LIMIT}, default {DEFAULT_LIMIT}: the page's size"
+    ),
+    OpenApiParameter("offset", int, description="0 or more, default 0: the rows to skip"),
+]
 
 
 class SafeJSONParser(JSONParser):
@@ -70,7 +79,14 @@ class PgQueueView(APIView):
 
     Everything is set on the view, so the project's REST_FRAMEWORK settings (which may
     suit its own API) do not change pgqueue's behaviour.
+
+    A GET accepts the query parameters in ``query_params`` and DRF's ``format`` (the
+    browsable API's ``?format=json``); any other is a 400 naming it, as an unknown body
+    field is, so a misspelt filter (``?stauts=dead``) is not silently an unfiltered list.
     """
+
+    #: The query parameters this view's GET reads.
+    query_params: frozenset[str] = frozenset()
 
     parser_classes = [SafeJSONParser]
     renderer_classes = [JSONRenderer, BrowsableAPIRenderer]
@@ -81,6 +97,44 @@ class PgQueueView(APIView):
 
     def get_exception_handler(self) -> Any:
         return exception_handler
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # authenticated and allowed first
+        # Only where a GET is served: a GET of a POST-only path stays a 405.
+        if request.method in ("GET", "HEAD") and hasattr(self, request.method.lower()):
+            _known_params(request, self.query_params)
+
+
+def _known_params(request: Request, accepted: frozenset[str]) -> None:
+    """A 400 naming the first query parameter the endpoint does not read."""
+    allowed = accepted | {api_settings.URL_FORMAT_OVERRIDE}
+    unknown = sorted(set(request.query_params) - allowed)
+    if unknown:
+        listed = ", ".join(sorted(accepted)) or "none"
+        raise bad_field(unknown[0], f"unknown query parameter; accepted: {listed}")
+
+
+def _page(
+    request: Request, params: Any, count: int, limit: int, offset: int, results: Any
+) -> Response:
+    """The list shape of every paginated endpoint: count, next and previous links (the
+    same query with another offset), and the page's results."""
+
+    def link(new_offset: int | None) -> str | None:
+        if new_offset is None:
+            return None
+        query = params.copy()
+        query["limit"], query["offset"] = str(limit), str(new_offset)
+        return request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+
+    return Response(
+        {
+            "count": count,
+            "next": link(offset + limit if offset + limit < count else None),
+            "previous": link(max(offset - limit, 0) if offset > 0 else None),
+            "results": results,
+        }
+    )
 
 
 def _body(request: Request, allowed: set[str]) -> dict[str, Any]:
@@ -177,6 +231,10 @@ def _visible_job(request: Request, job_id: int) -> Job:
 
 
 class JobsView(PgQueueView):
+    query_params = frozenset(
+        {"status", "task", "tenant", "queue", "created_after", "created_before", "limit", "offset"}
+    )
+
     @extend_schema(
         summary="Enqueue a job",
         operation_id="jobs_create",
@@ -209,8 +267,7 @@ class JobsView(PgQueueView):
             OpenApiParameter("queue", str),
             OpenApiParameter("created_after", dt.datetime, description="inclusive"),
             OpenApiParameter("created_before", dt.datetime, description="inclusive"),
-            OpenApiParameter("limit", int, description=f"1..{MAX_LIMIT}, default 50"),
-            OpenApiParameter("offset", int),
+            *PAGE_PARAMETERS,
         ],
         responses={200: JobListSerializer, **ERRORS},
     )
@@ -237,22 +294,7 @@ class JobsView(PgQueueView):
         offset = _int_param(params, "offset", 0, 0, MAX_OFFSET)
         count = jobs.count()
         page = list(jobs.order_by("-id")[offset : offset + limit])
-
-        def link(new_offset: int | None) -> str | None:
-            if new_offset is None:
-                return None
-            query = params.copy()
-            query["limit"], query["offset"] = str(limit), str(new_offset)
-            return request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
-
-        return Response(
-            {
-                "count": count,
-                "next": link(offset + limit if offset + limit < count else None),
-                "previous": link(max(offset - limit, 0) if offset > 0 else None),
-                "results": JobSerializer(page, many=True).data,
-            }
-        )
+        return _page(request, params, count, limit, offset, JobSerializer(page, many=True).data)
 
 
 def _int_param(params: Any, name: str, default: int, low: int, high: int | None) -> int:
@@ -324,15 +366,22 @@ class JobRetryView(PgQueueView):
 
 
 class TenantsView(PgQueueView):
+    query_params = frozenset({"limit", "offset"})
+
     @extend_schema(
-        summary="Tenants with their weights and job counts",
+        summary="Tenants with their weights and job counts, by name",
         operation_id="tenants_list",
-        responses={200: TenantSerializer(many=True), **ERRORS},
+        parameters=PAGE_PARAMETERS,
+        responses={200: TenantListSerializer, **ERRORS},
     )
     def get(self, request: Request) -> Response:
+        params = request.query_params
+        limit = _int_param(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        offset = _int_param(params, "offset", 0, 0, MAX_OFFSET)
         scope = scope_of(request)
         names = None if scope.all_tenants else [scope.tenant]
-        return Response(TenantSerializer(reads.tenant_summaries(names), many=True).data)
+        count, rows = reads.tenant_page(names, offset=offset, limit=limit)
+        return _page(request, params, count, limit, offset, TenantSerializer(rows, many=True).data)
 
 
 class TenantView(PgQueueView):
