@@ -31,6 +31,7 @@ RUNS = [
     ("chaos", "5. Crash safety"),
     ("verified", "6. Verified results"),
     ("table_scale", "7. Scale of the table"),
+    ("profile", "8. Where a job's time goes in the worker (profile)"),
 ]
 
 
