@@ -11,14 +11,18 @@ per job, measured without the profiler in the same run: ``os.wait4`` user + sys 
 worker process, minus that of a run with no job (start-up), divided by the jobs. CPU time
 per job barely depends on what else the machine runs; wall time per job does, so the
 report gives both, and "off the worker's CPU" (wall - CPU) is where the database wait,
-the commit and the machine's other load show. The folded stacks are kept as
-bench/results/profile-c<C>.folded (speedscope and flamegraph.pl read them).
+the commit and the machine's other load show. A second py-spy run with ``--idle`` splits
+the loop thread's wall time into waiting on the database, waiting for handlers, running.
+The folded stacks are kept as bench/results/profile-c<C>[-wall].folded (speedscope and
+flamegraph.pl read them).
 
 Part 2, the toggles. The same burst without the profiler, at concurrency 1, 2, 4 and 8,
 with the per-job INFO line (``-v 1``) and without (``-v 0``: the pgqueue loggers at
 WARNING, as the other benchmarks run), and at concurrency 8 with PGQUEUE_BATCH_SIZE below
 the concurrency; jobs/s = jobs / (last finish - first start) from the jobs' timestamps,
-median of the repeats, beside the pgbench commit ceiling measured in the same run.
+median of the repeats (interleaved), beside the pgbench commit ceiling measured in the
+same run; jobs per claim and per record count the distinct started_at and finished_at
+(each statement stamps its jobs with its transaction's now()).
 
     python scripts/with_db.py -- python -m bench.profile [--quick]
 """
