@@ -32,6 +32,7 @@ RUNS = [
     ("verified", "6. Verified results"),
     ("table_scale", "7. Scale of the table"),
     ("hosts", "8. Workers on several hosts against one PostgreSQL"),
+    ("profile", "9. Where a job's time goes in the worker (profile)"),
 ]
 
 
