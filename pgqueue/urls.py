@@ -1,6 +1,8 @@
 """pgqueue's HTTP API. Mount it with ``path("", include("pgqueue.urls"))`` (or a prefix).
 
-Every path answers with and without a trailing slash.
+Every path answers with and without a trailing slash. An unknown path under one of
+pgqueue's resources (``jobs/abc``, ``tenants/x/y``) is a JSON 404; the rest of the site
+keeps the project's own pages, even when pgqueue is mounted at the root.
 """
 
 from __future__ import annotations
@@ -8,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.urls import URLPattern, re_path
+from django.views.decorators.csrf import csrf_exempt
 
-from .api import docs, views
+from .api import docs, errors, views
 
 app_name = "pgqueue"
 
@@ -33,6 +36,15 @@ urlpatterns = [
         views.SchemaView.as_view(custom_settings=docs.SCHEMA_SETTINGS),
         "schema",
     ),
-    _path("docs", docs.docs, "docs"),
-    re_path(r"^docs/assets/(?P<name>[A-Za-z0-9_.\-]+)$", docs.asset, name="docs-asset"),
+    # Read-only pages: exempt from CSRF so that a POST gets their JSON 405, not a CSRF page.
+    _path("docs", csrf_exempt(docs.docs), "docs"),
+    re_path(
+        r"^docs/assets/(?P<name>[A-Za-z0-9_.\-]+)$", csrf_exempt(docs.asset), name="docs-asset"
+    ),
+    # Last: anything else under pgqueue's own first path segments.
+    re_path(
+        r"^(?:jobs|tenants|stats|metrics|health|schema|docs)(?:/.*)?$",
+        csrf_exempt(errors.not_found),
+        name="not-found",
+    ),
 ]
