@@ -9,8 +9,9 @@ from django.db import connection
 from django.http import HttpResponse
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView
 from rest_framework import serializers, status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import ParseError
@@ -376,7 +377,10 @@ class MetricsView(PgQueueView):
     @extend_schema(
         summary="Prometheus metrics (text exposition format)",
         operation_id="metrics_retrieve",
-        responses={(200, "text/plain"): str},
+        responses={
+            (200, "text/plain"): str,
+            **{(code, "application/json"): ErrorSerializer for code in (401, 403, 429)},
+        },
     )
     def get(self, request: Request) -> HttpResponse:
         from ..metrics import render
@@ -423,6 +427,22 @@ class HealthView(APIView):
 
 class SchemaView(SpectacularAPIView):
     """The OpenAPI schema; its errors (a wrong method) answer in pgqueue's JSON form."""
+
+    @extend_schema(
+        summary="This OpenAPI schema (YAML; JSON with ?format=json)",
+        operation_id="schema_retrieve",
+        parameters=[
+            OpenApiParameter("format", str, enum=["json", "yaml"]),
+            *SCHEMA_KWARGS.get("parameters", []),
+        ],
+        responses={
+            200: OpenApiTypes.OBJECT,
+            (404, "application/json"): ErrorSerializer,
+            (406, "application/json"): ErrorSerializer,
+        },
+    )
+    def get(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        return super().get(request, *args, **kwargs)
 
     def get_exception_handler(self) -> Any:
         return exception_handler
