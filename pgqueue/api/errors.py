@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
@@ -58,10 +59,8 @@ def bad_field(field: str, reason: str) -> ApiError:
     return ApiError(400, "invalid", f"{field}: {reason}", {field: reason})
 
 
-def too_large(exc: Exception) -> ApiError:
+def too_large() -> ApiError:
     """A body over DATA_UPLOAD_MAX_MEMORY_SIZE: the same 413 as an oversize payload."""
-    from django.conf import settings
-
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     reason = f"the request body is larger than the limit of {limit} bytes"
     return ApiError(413, pgq.PayloadTooLarge.code, f"payload: {reason}", {"payload": reason})
@@ -101,14 +100,15 @@ def _flatten(detail: Any) -> dict[str, str]:
     return {}
 
 
-def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """DRF's handler, reshaped; pgqueue's own errors mapped to their status codes."""
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
+    """DRF's handler, reshaped; pgqueue's own errors mapped to their status codes, and
+    anything else a logged, bare 500 (never Django's error page)."""
     if isinstance(exc, pgq.PgQueueError):
         exc = from_pgqueue(exc)
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, RequestDataTooBig):
-        exc = too_large(exc)
+        exc = too_large()
     elif isinstance(exc, SuspiciousOperation):
         exc = ApiError(400, "bad_request", "the request was refused as malformed")
     response = drf_exception_handler(exc, context)
