@@ -242,9 +242,33 @@ class TestErrorsAreJson:
         assert_error(batch, 413, code="payload_too_large")
         assert job_rows() == 0
 
+    def test_an_offset_postgresql_refuses_is_read_in_utc_not_a_500(self):
+        api = client(new_key())
+        moment = "2061-05-15T15:44:40-22:56"  # PostgreSQL takes offsets up to 15:59
+        assert api.get("/jobs", {"created_after": moment}).status_code == 200
+        created = api.post("/jobs", {"task": "test.noop", "run_at": moment}, format="json")
+        assert created.status_code == 201, created.content
+        assert created.json()["run_at"].startswith("2061-05-16T14:40:40")
+
+    def test_a_moment_out_of_range_in_utc_is_a_400_not_a_500(self):
+        api = client(new_key())
+        moment = "0001-01-01T00:00:00+05:00"  # before year 1 in UTC
+        listed = api.get("/jobs", {"created_after": moment})
+        assert_error(listed, 400, code="invalid", field="created_after")
+        run_at = {"task": "test.noop", "run_at": moment}
+        assert_error(api.post("/jobs", run_at, format="json"), 400, field="run_at")
+        assert job_rows() == 0
+
     @PREFIXED
     @pytest.mark.parametrize(
-        "url", ["/q/jobs/abc", "/q/jobs/1/nothing", "/q/tenants/no%20such/x", "/q/stats/x"]
+        "url",
+        [
+            "/q/jobs/abc",
+            "/q/jobs/1/nothing",
+            "/q/tenants/no%20such/x",
+            "/q/stats/x",
+            "/q/docs/assets/no-such.js",
+        ],
     )
     def test_an_unknown_url_under_pgqueues_resources_is_a_json_404(self, url):
         assert_error(client(new_key()).get(url), 404, code="not_found")

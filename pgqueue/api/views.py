@@ -119,7 +119,13 @@ def _moment(value: Any, field: str) -> dt.datetime:
         parsed = None
     if parsed is None:
         raise bad_field(field, "must be an ISO-8601 date and time")
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=dt.UTC)
+    # In UTC, so that no offset reaches PostgreSQL, which refuses those beyond 15:59.
+    try:
+        return parsed.astimezone(dt.UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00+05:00 is before year 1 in UTC
+        raise bad_field(field, "is out of range") from None
 
 
 def _schedule(data: dict[str, Any]) -> dict[str, Any]:
