@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import Http404
 from django.urls import URLPattern, re_path
 from django.views.decorators.csrf import csrf_exempt
 
@@ -19,6 +20,20 @@ app_name = "pgqueue"
 
 def _path(pattern: str, view: Any, name: str) -> URLPattern:
     return re_path(rf"^{pattern}/?$", view, name=name)
+
+
+def _page(view: Any) -> Any:
+    """A plain Django view of pgqueue's: CSRF-exempt (it only reads, so a POST gets its
+    JSON 405, not a CSRF page) and its 404 in JSON whatever the project's handler404."""
+
+    @csrf_exempt
+    def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return view(request, *args, **kwargs)
+        except Http404:
+            return errors.not_found(request)
+
+    return wrapper
 
 
 urlpatterns = [
@@ -36,15 +51,12 @@ urlpatterns = [
         views.SchemaView.as_view(custom_settings=docs.SCHEMA_SETTINGS),
         "schema",
     ),
-    # Read-only pages: exempt from CSRF so that a POST gets their JSON 405, not a CSRF page.
-    _path("docs", csrf_exempt(docs.docs), "docs"),
-    re_path(
-        r"^docs/assets/(?P<name>[A-Za-z0-9_.\-]+)$", csrf_exempt(docs.asset), name="docs-asset"
-    ),
+    _path("docs", _page(docs.docs), "docs"),
+    re_path(r"^docs/assets/(?P<name>[A-Za-z0-9_.\-]+)$", _page(docs.asset), name="docs-asset"),
     # Last: anything else under pgqueue's own first path segments.
     re_path(
         r"^(?:jobs|tenants|stats|metrics|health|schema|docs)(?:/.*)?$",
-        csrf_exempt(errors.not_found),
+        _page(errors.not_found),
         name="not-found",
     ),
 ]
