@@ -55,6 +55,10 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_PUBLIC": False,
     # Per-key rate limit of the HTTP API, e.g. "100/s" or "5000/hour"; None: no limit.
     "API_RATE_LIMIT": None,
+    # Failed API-key authentications allowed per client address, in DRF's rate form
+    # ("20/min", "100/hour"); past it, every Bearer request from that address is a 429
+    # with Retry-After until the window moves on, and no key is looked up. None: no limit.
+    "AUTH_FAILURE_RATE": "20/min",
 }
 
 

@@ -1,16 +1,18 @@
 """pgqueue's HTTP API. Mount it with ``path("queue/", include("pgqueue.urls"))`` (any prefix,
 or ``""`` for the site's root).
 
-Every path answers with and without a trailing slash. An unknown path under one of the API's
-own (``jobs/abc``, ``tenants/a/b``) is a JSON 404 from the last pattern, so the project needs
-no ``handler404``, and the rest of the site keeps its own 404 pages.
+Every path answers with and without a trailing slash. An unknown path under one of
+pgqueue's resources (``jobs/abc``, ``tenants/x/y``) is a JSON 404; the rest of the site
+keeps the project's own pages, even when pgqueue is mounted at the root.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.http import Http404
 from django.urls import URLPattern, re_path
+from django.views.decorators.csrf import csrf_exempt
 
 from .api import docs, errors, views
 
@@ -19,6 +21,20 @@ app_name = "pgqueue"
 
 def _path(pattern: str, view: Any, name: str) -> URLPattern:
     return re_path(rf"^{pattern}/?$", view, name=name)
+
+
+def _page(view: Any) -> Any:
+    """A plain Django view of pgqueue's: CSRF-exempt (it only reads, so a POST gets its
+    JSON 405, not a CSRF page) and its 404 in JSON whatever the project's handler404."""
+
+    @csrf_exempt
+    def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return view(request, *args, **kwargs)
+        except Http404:
+            return errors.not_found(request)
+
+    return wrapper
 
 
 urlpatterns = [
@@ -36,9 +52,12 @@ urlpatterns = [
         views.SchemaView.as_view(custom_settings=docs.SCHEMA_SETTINGS),
         "schema",
     ),
-    _path("docs", docs.docs, "docs"),
-    re_path(r"^docs/assets/(?P<name>[A-Za-z0-9_.\-]+)$", docs.asset, name="docs-asset"),
-    # Last: whatever else is under the API's own paths. Nothing beyond them, so that the API
-    # mounted at the root leaves every other path to the project.
-    re_path(r"^(?:jobs|tenants|stats|metrics|health|schema|docs)(?:/.*)?$", errors.not_found),
+    _path("docs", _page(docs.docs), "docs"),
+    re_path(r"^docs/assets/(?P<name>[A-Za-z0-9_.\-]+)$", _page(docs.asset), name="docs-asset"),
+    # Last: anything else under pgqueue's own first path segments.
+    re_path(
+        r"^(?:jobs|tenants|stats|metrics|health|schema|docs)(?:/.*)?$",
+        _page(errors.not_found),
+        name="not-found",
+    ),
 ]

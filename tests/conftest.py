@@ -135,3 +135,14 @@ def run_threads(n: int, target: Callable[[int], Any], timeout: float = 120) -> l
     if errors:
         raise errors[0]
     return results
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Iterator[None]:
+    """Throttle histories (Django's cache) start empty in every test: the failed-auth
+    throttle counts per address, and every test client calls from 127.0.0.1."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+    cache.clear()

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.core.cache import cache
 from django.core.management import CommandError, call_command
 from django.test import override_settings
@@ -40,9 +41,19 @@ def acme(db: Any) -> APIClient:
     return client(new_key("acme"))
 
 
+#: What an operator's staff account holds to use the whole API (tests/test_api_security.py
+#: checks each one separately).
+OPERATOR_PERMISSIONS = ["view_job", "add_job", "change_job", "view_tenant", "change_tenant"]
+
+
 def staff_client(*, is_staff: bool = True) -> APIClient:
     user = get_user_model().objects.create_user(
         f"user-{is_staff}", password="pw", is_staff=is_staff
+    )
+    user.user_permissions.set(
+        Permission.objects.filter(
+            content_type__app_label="pgqueue", codename__in=OPERATOR_PERMISSIONS
+        )
     )
     api = APIClient()
     api.force_login(user)

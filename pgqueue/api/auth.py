@@ -1,4 +1,11 @@
-"""API keys (``Authorization: Bearer <key>``), permissions and per-key rate limits."""
+"""API keys (``Authorization: Bearer <key>``), permissions and rate limits.
+
+Who may do what:
+- an API key: its tenant's jobs (or every tenant's, for an all-tenants key); the views
+  narrow what a tenant key sees and may act as;
+- a session (the browsable API): an active staff user holding the Django model permission
+  of the operation (``SESSION_PERMISSIONS``), as in the admin; superusers hold them all.
+"""
 
 from __future__ import annotations
 
@@ -24,11 +31,19 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         scheme, _, key = header.partition(" ")
         if scheme.lower() != self.keyword.lower():
             return None
+        failures = AuthFailureThrottle()
+        wait = failures.wait_for(request)
+        if wait is not None:  # over budget: refuse before the key costs a query
+            raise exceptions.Throttled(
+                wait, "too many failed authentications from this address; try again later"
+            )
         key = key.strip()
         if not key:
+            failures.record(request)
             raise exceptions.AuthenticationFailed("Authorization: Bearer needs an API key")
         row = keys.authenticate_api_key(key)
         if row is None:
+            failures.record(request)
             raise exceptions.AuthenticationFailed("invalid or revoked API key")
         return (KeyUser(row), row)
 
@@ -84,8 +99,33 @@ def scope_of(request: Any) -> Scope:
     return Scope(key.tenant_id if key is not None else None)
 
 
+#: The Django model permission a session user needs, by URL name and method. HEAD and
+#: OPTIONS need what GET needs; a method not listed needs the URL's first permission (so a
+#: user who may read gets the 405 of a wrong method, and others a 403).
+SESSION_PERMISSIONS: dict[str, dict[str, str]] = {
+    "jobs": {"GET": "pgqueue.view_job", "POST": "pgqueue.add_job"},
+    "jobs-batch": {"POST": "pgqueue.add_job"},
+    "job": {"GET": "pgqueue.view_job", "DELETE": "pgqueue.change_job"},
+    "job-retry": {"POST": "pgqueue.change_job"},
+    "tenants": {"GET": "pgqueue.view_tenant"},
+    "tenant": {"GET": "pgqueue.view_tenant", "PUT": "pgqueue.change_tenant"},
+    "stats": {"GET": "pgqueue.view_job"},
+    "metrics": {"GET": "pgqueue.view_job"},
+}
+
+
+def session_permission(request: Any) -> str | None:
+    """The permission this request needs from a session user; None: only a superuser."""
+    match = getattr(request, "resolver_match", None)
+    perms = SESSION_PERMISSIONS.get(match.url_name if match is not None else "")
+    if not perms:
+        return None
+    method = "GET" if request.method in ("HEAD", "OPTIONS") else request.method
+    return perms.get(method, next(iter(perms.values())))
+
+
 class HasAccess(permissions.BasePermission):
-    """An API key, or a logged-in staff user (the browsable API)."""
+    """An API key, or a staff session holding the operation's model permission."""
 
     message = "an API key (Authorization: Bearer) or a staff session is required"
 
@@ -93,7 +133,15 @@ class HasAccess(permissions.BasePermission):
         if isinstance(request.auth, ApiKey):
             return True
         user = getattr(request, "user", None)
-        return bool(user and user.is_authenticated and user.is_staff)
+        if not (user and user.is_authenticated and user.is_active and user.is_staff):
+            return False
+        if user.is_superuser:
+            return True
+        perm = session_permission(request)
+        if perm is None or not user.has_perm(perm):
+            self.message = f"this needs the {perm or 'superuser'} permission"
+            return False
+        return True
 
 
 class AllTenants(HasAccess):
@@ -139,3 +187,45 @@ class KeyRateThrottle(throttling.SimpleRateThrottle):
         else:
             ident = f"addr:{self.get_ident(request)}"
         return f"pgqueue-throttle:{ident}"
+
+
+class AuthFailureThrottle(throttling.SimpleRateThrottle):
+    """Failed API-key authentications per client address (PGQUEUE["AUTH_FAILURE_RATE"]).
+
+    Only failures count, so a guesser's budget is spent and a working client's is not; once
+    an address is over it, its Bearer requests are refused before any key is looked up, so
+    guessing costs the attacker time and the database nothing. The address is DRF's
+    ``get_ident`` (REMOTE_ADDR, or X-Forwarded-For under REST_FRAMEWORK["NUM_PROXIES"]).
+    Like DRF's throttles, the history lives in Django's cache: share it between processes.
+    """
+
+    scope = "pgqueue-auth-failure"
+
+    def get_rate(self) -> str | None:
+        return pgqueue_settings.AUTH_FAILURE_RATE
+
+    def get_cache_key(self, request: Any, view: Any) -> str:
+        return f"pgqueue-auth-failures:{self.get_ident(request)}"
+
+    def _history(self, request: Any) -> list[float] | None:
+        """The failures still inside the window, or None when the throttle is off."""
+        if not self.rate:
+            return None
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+        self.key = self.get_cache_key(request, None)
+        self.now = self.timer()
+        history = self.cache.get(self.key, [])
+        self.history = [t for t in history if t > self.now - self.duration]
+        return self.history
+
+    def wait_for(self, request: Any) -> float | None:
+        """Seconds the address must wait before its next attempt, or None if it may try."""
+        history = self._history(request)
+        if history is None or len(history) < self.num_requests:
+            return None
+        return max(1.0, self.duration - (self.now - history[-1]))
+
+    def record(self, request: Any) -> None:
+        history = self._history(request)
+        if history is not None:
+            self.cache.set(self.key, [self.now, *history], self.duration)

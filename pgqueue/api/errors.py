@@ -1,15 +1,43 @@
-"""Every API error is JSON: ``{"error": <code>, "detail": <message>, "fields": {...}?}``."""
+"""Every API error is JSON: ``{"error": <code>, "detail": <message>, "fields": {...}?}``.
+
+Errors echo what the caller sent (an unknown field's name, a tenant, a path). Echoed text
+is made encodable (a lone surrogate becomes ``\\ud800``) and bounded, so that no input can
+turn an error into a 500 or a megabyte of reflected text. An unexpected exception in a
+pgqueue view is logged with its traceback on the ``pgqueue.api`` logger and answered with
+a JSON 500 that says nothing about it.
+"""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
 
 from .. import exceptions as pgq
+
+logger = logging.getLogger("pgqueue.api")
+
+#: Most characters of a name echoed from input (a field name, a path) in an error.
+ECHO_MAX_CHARS = 100
+#: Most characters of any string in an error body (its detail, a field's reason).
+DETAIL_MAX_CHARS = 1000
+
+
+def safe_text(text: Any, limit: int = DETAIL_MAX_CHARS) -> str:
+    """``text`` as a string that encodes to UTF-8 and holds at most ``limit`` characters."""
+    text = str(text)
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    clean = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    # Escaping can lengthen the text (one character becomes six): bound it again.
+    return clean if len(clean) <= limit else clean[: limit - 1] + "…"
 
 
 class ApiError(exceptions.APIException):
@@ -25,7 +53,17 @@ class ApiError(exceptions.APIException):
 
 
 def bad_field(field: str, reason: str) -> ApiError:
+    """A 400 naming the field at fault; the name may come from the caller, so it is made
+    safe to echo."""
+    field = safe_text(field, ECHO_MAX_CHARS)
     return ApiError(400, "invalid", f"{field}: {reason}", {field: reason})
+
+
+def too_large() -> ApiError:
+    """A body over DATA_UPLOAD_MAX_MEMORY_SIZE: the same 413 as an oversize payload."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    reason = f"the request body is larger than the limit of {limit} bytes"
+    return ApiError(413, pgq.PayloadTooLarge.code, f"payload: {reason}", {"payload": reason})
 
 
 def from_pgqueue(exc: pgq.PgQueueError) -> ApiError:
@@ -62,15 +100,20 @@ def _flatten(detail: Any) -> dict[str, str]:
     return {}
 
 
-def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """DRF's handler, reshaped; pgqueue's own errors mapped to their status codes."""
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
+    """DRF's handler, reshaped; pgqueue's own errors mapped to their status codes, and
+    anything else a logged, bare 500 (never Django's error page)."""
     if isinstance(exc, pgq.PgQueueError):
         exc = from_pgqueue(exc)
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
+    elif isinstance(exc, RequestDataTooBig):
+        exc = too_large()
+    elif isinstance(exc, SuspiciousOperation):
+        exc = ApiError(400, "bad_request", "the request was refused as malformed")
     response = drf_exception_handler(exc, context)
     if response is None:
-        return None
+        return unexpected(context.get("request"), exc)
     if isinstance(exc, ApiError):
         body: dict[str, Any] = {"error": exc.error_code, "detail": str(exc.detail)}
         if exc.fields:
@@ -82,14 +125,36 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     else:
         code = next((c for cls, c in _CODES.items() if isinstance(exc, cls)), "error")
         body = {"error": code, "detail": str(getattr(exc, "detail", exc))}
-    response.data = body
+    response.data = _clean(body)
     return response
+
+
+def _clean(value: Any) -> Any:
+    """Every string of an error body (keys too) encodable and bounded."""
+    if isinstance(value, dict):
+        return {safe_text(k, ECHO_MAX_CHARS): _clean(v) for k, v in value.items()}
+    if isinstance(value, str):
+        return safe_text(value)
+    return value
+
+
+def unexpected(request: Any, exc: BaseException) -> Response:
+    """A failure no handler expected: its traceback to the log, a bare 500 to the caller."""
+    where = f"{request.method} {request.path}" if request is not None else "a request"
+    logger.error(
+        "unexpected error answering %s", safe_text(where, ECHO_MAX_CHARS * 3), exc_info=exc
+    )
+    set_rollback()
+    return Response(
+        {"error": "server_error", "detail": "internal error; see the server's logs"},
+        status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+    )
 
 
 def not_found(request: Any, exception: Exception | None = None) -> JsonResponse:
     """handler404 for projects that serve the API at their root: JSON, not HTML."""
     return JsonResponse(
-        {"error": "not_found", "detail": f"no such resource: {request.path}"},
+        {"error": "not_found", "detail": f"no such resource: {safe_text(request.path, 200)}"},
         status=status.HTTP_404_NOT_FOUND,
     )
 

@@ -11,8 +11,9 @@ from django.db import connection
 from django.http import HttpResponse
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView
 from rest_framework import serializers, status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import ParseError
@@ -36,7 +37,7 @@ from .auth import (
     Scope,
     scope_of,
 )
-from .errors import ApiError, bad_field, exception_handler
+from .errors import ApiError, bad_field, exception_handler, logger
 from .serializers import (
     BatchRequest,
     BatchResponse,
@@ -175,7 +176,13 @@ def _moment(value: Any, field: str) -> dt.datetime:
         parsed = None
     if parsed is None:
         raise bad_field(field, "must be an ISO-8601 date and time")
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=dt.UTC)
+    # In UTC, so that no offset reaches PostgreSQL, which refuses those beyond 15:59.
+    try:
+        return parsed.astimezone(dt.UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00+05:00 is before year 1 in UTC
+        raise bad_field(field, "is out of range") from None
 
 
 def _schedule(data: dict[str, Any]) -> dict[str, Any]:
@@ -434,7 +441,10 @@ class MetricsView(PgQueueView):
     @extend_schema(
         summary="Prometheus metrics (text exposition format)",
         operation_id="metrics_retrieve",
-        responses={(200, "text/plain"): str},
+        responses={
+            (200, "text/plain"): str,
+            **{(code, "application/json"): ErrorSerializer for code in (401, 403, 429)},
+        },
     )
     def get(self, request: Request) -> HttpResponse:
         from ..metrics import render
@@ -470,8 +480,10 @@ class HealthView(APIView):
             with connection.cursor() as cursor:
                 cursor.execute("SELECT 1")
         except Exception as exc:  # any failure to reach the database is the answer
+            # The error names the database's host and port: for the log, not the caller.
+            logger.warning("health check: the database is unavailable: %s", str(exc).strip())
             return Response(
-                {"status": "unavailable", "database": f"error: {str(exc).strip()[:200]}"},
+                {"status": "unavailable", "database": "unavailable"},
                 status=status.HTTP_503_SERVICE_UNAVAILABLE,
             )
         return Response({"status": "ok", "database": "ok"})
@@ -479,6 +491,22 @@ class HealthView(APIView):
 
 class SchemaView(SpectacularAPIView):
     """The OpenAPI schema; its errors (a wrong method) answer in pgqueue's JSON form."""
+
+    @extend_schema(
+        summary="This OpenAPI schema (YAML; JSON with ?format=json)",
+        operation_id="schema_retrieve",
+        parameters=[
+            OpenApiParameter("format", str, enum=["json", "yaml"]),
+            *SCHEMA_KWARGS.get("parameters", []),
+        ],
+        responses={
+            200: OpenApiTypes.OBJECT,
+            (404, "application/json"): ErrorSerializer,
+            (406, "application/json"): ErrorSerializer,
+        },
+    )
+    def get(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        return super().get(request, *args, **kwargs)
 
     def get_exception_handler(self) -> Any:
         return exception_handler
