@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.conf import settings
@@ -110,6 +111,19 @@ def _number(name: str, value: Any, *, minimum: float, integer: bool = False) -> 
     return None
 
 
+RATE_RE = re.compile(r"^[1-9][0-9]{0,8}/(s|sec|second|m|min|minute|h|hour|d|day)$")
+
+
+def _rate(name: str, value: Any) -> str | None:
+    """A throttle rate in DRF's form ("100/s", "20/min"), or None for no limit."""
+    if value is None or (isinstance(value, str) and RATE_RE.match(value)):
+        return None
+    return (
+        f"PGQUEUE[{name!r}] must be None or a rate such as '100/s', '20/min' or '1000/h', "
+        f"got {value!r}."
+    )
+
+
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     """Every PGQUEUE setting is known and has a usable value."""
@@ -157,6 +171,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     modules = s.TASK_MODULES
     if not isinstance(modules, list | tuple) or not all(isinstance(m, str) for m in modules):
         problems.append(f"PGQUEUE['TASK_MODULES'] must be a list of module names, got {modules!r}.")
+    for name in ("API_RATE_LIMIT", "AUTH_FAILURE_RATE"):
+        problem = _rate(name, getattr(s, name))
+        if problem:
+            problems.append(problem)
     return [
         Error(
             p,

@@ -59,6 +59,12 @@ def test_default_settings_pass_the_checks():
     assert checks.check_settings() == []
 
 
+@pytest.mark.parametrize("rate", [None, "100/s", "20/min", "1000/h", "5/day"])
+def test_rates_in_drfs_form_pass_the_checks(rate):
+    with override_settings(PGQUEUE={"API_RATE_LIMIT": rate, "AUTH_FAILURE_RATE": rate}):
+        assert checks.check_settings() == []
+
+
 @pytest.mark.parametrize(
     ("pgqueue", "fragment"),
     [
@@ -71,6 +77,10 @@ def test_default_settings_pass_the_checks():
         ({"HEARTBEAT_SECONDS": 40, "LEASE_SECONDS": 30}, "HEARTBEAT_SECONDS"),
         ({"DEFAULT_TENANT": ""}, "DEFAULT_TENANT"),
         ({"LEASE_SECOND": 3}, "Unknown PGQUEUE setting(s): LEASE_SECOND"),
+        ({"API_RATE_LIMIT": "100 per second"}, "API_RATE_LIMIT"),
+        ({"API_RATE_LIMIT": 100}, "API_RATE_LIMIT"),
+        ({"AUTH_FAILURE_RATE": "0/min"}, "AUTH_FAILURE_RATE"),
+        ({"AUTH_FAILURE_RATE": "20/fortnight"}, "AUTH_FAILURE_RATE"),
     ],
 )
 def test_invalid_settings_are_reported_by_name(pgqueue, fragment):
