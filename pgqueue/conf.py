@@ -55,6 +55,11 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_PUBLIC": False,
     # Per-key rate limit of the HTTP API, e.g. "100/s" or "5000/hour"; None: no limit.
     "API_RATE_LIMIT": None,
+    # Jobs a worker process claims beyond its idle slots (runworker --prefetch). They wait,
+    # leased and heartbeated, for a slot, so that a turn of the loop records and claims for
+    # many jobs while the handlers run; a stopping worker gives them back unstarted. Each
+    # adds at most one job's run time to the wait of jobs of other tenants.
+    "PREFETCH": 8,
 }
 
 
