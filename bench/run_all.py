@@ -33,6 +33,7 @@ RUNS = [
     ("table_scale", "7. Scale of the table"),
     ("hosts", "8. Workers on several hosts against one PostgreSQL"),
     ("profile", "9. Where a job's time goes in the worker (profile)"),
+    ("prefetch", "10. Look-ahead: throughput against small-tenant wait"),
 ]
 
 

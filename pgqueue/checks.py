@@ -146,6 +146,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("MAX_PAYLOAD_BYTES", 2, True),
         ("MAX_RESULT_BYTES", 2, True),
         ("CONNECT_ATTEMPTS", 1, True),
+        ("PREFETCH", 0, True),
     ]:
         problem = _number(name, getattr(s, name), minimum=minimum, integer=integer)
         if problem:

@@ -59,6 +59,11 @@ DEFAULTS: dict[str, Any] = {
     # ("20/min", "100/hour"); past it, every Bearer request from that address is a 429
     # with Retry-After until the window moves on, and no key is looked up. None: no limit.
     "AUTH_FAILURE_RATE": "20/min",
+    # Jobs a worker process claims beyond its idle slots (runworker --prefetch). They wait,
+    # leased and heartbeated, for a slot, so that a turn of the loop records and claims for
+    # many jobs while the handlers run; a stopping worker gives them back unstarted. Each
+    # adds at most one job's run time to the wait of jobs of other tenants.
+    "PREFETCH": 8,
 }
 
 

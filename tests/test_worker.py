@@ -554,9 +554,10 @@ def test_processes_run_jobs_in_children_and_stop_on_sigterm(workers: StartWorker
 
     Each child is a worker of its own (its own pgqueue_worker row and pid) and both do
     jobs. SIGTERM to the parent is forwarded: the children finish, deregister and exit,
-    then the parent exits 0 with no child left behind.
+    then the parent exits 0 with no child left behind. ``--prefetch 0`` (passed on to the
+    children) keeps each child to one job at a time, so that one cannot claim all six.
     """
-    parent = workers("--processes", "2", "--concurrency", "1")
+    parent = workers("--processes", "2", "--concurrency", "1", "--prefetch", "0")
     children = wait_for(
         lambda: c if len(c := live_children(parent)) == 2 else None,
         STARTUP,

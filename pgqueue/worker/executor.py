@@ -1,12 +1,13 @@
 """Running handlers: a claimed job's handler on a thread, its return or raise an outcome.
 
 The loop (``runtime``) decides what to claim and records what came of it; this module
-runs: it gives each claimed job the context its handler sees, runs the handler on one of
-the pool's threads and turns whatever it returned or raised into a ``HandlerOutcome``.
-An ``async def`` handler is awaited instead on the process's one event loop, which runs on
-a thread of its own (``EventLoopThread``, started with the first such job). Async and
-thread jobs share the worker's ``concurrency`` slots: the loop claims no more jobs than
-it has free slots, whichever kind they are.
+runs: it gives each claimed job the context its handler sees, queues it for one of the
+``concurrency`` handler threads and turns whatever the handler returned or raised into a
+``HandlerOutcome``. An ``async def`` handler is awaited on the process's one event loop,
+which runs on a thread of its own (``EventLoopThread``, started with the first such job),
+while the handler thread that took the job waits for it: async and thread jobs share the
+worker's ``concurrency`` slots, and jobs claimed ahead (``PGQUEUE["PREFETCH"]``) wait in
+the queue, unstarted, whichever kind they are.
 It never writes the queue's rows (a handler may use Django's connections, closed again
 after each job), so every write of the worker stays on the loop's connection and thread.
 Each outcome goes back through ``deliver``, which the loop gives and which must be safe to
@@ -16,16 +17,16 @@ call from any thread.
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import json
+import queue
 import re
 import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent import futures
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -81,7 +82,16 @@ class EventLoopThread:
 
 
 class JobExecutor:
-    """A pool of handler threads (and an event loop) that hands every outcome to ``deliver``."""
+    """Long-lived handler threads fed from one local queue; every outcome goes to ``deliver``.
+
+    The loop ``start``s each claimed job: it waits in the queue until one of the
+    ``threads`` takes it, runs it and hands the outcome to ``deliver``. A plain queue of
+    contexts and N threads that never end cost a job two queue operations; a pool's
+    per-job Future, its Condition, work item and done-callback cost several times that
+    (docs/profile.md). A job still in the queue has not started and can be taken back
+    (``take_unstarted``): each item of the queue goes to exactly one taker, a thread or
+    the loop, so nothing runs after being given back.
+    """
 
     def __init__(
         self,
@@ -91,13 +101,14 @@ class JobExecutor:
         heartbeat: Callable[[float], None],
         deliver: Callable[[HandlerOutcome], None],
     ) -> None:
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="pgqueue-job")
+        self.threads = threads
         self.worker_id = worker_id
         self.heartbeat = heartbeat
         self.deliver = deliver
+        self._jobs: queue.SimpleQueue[JobContext | None] = queue.SimpleQueue()
+        self._pool: list[threading.Thread] = []  # started with the first job
         self._events: EventLoopThread | None = None
         self._events_lock = threading.Lock()
-        self._awaiting: set[Future] = set()  # futures of async handlers not finished yet
 
     def context(self, job: ClaimedJob) -> JobContext:
         """The context a claimed job's handler sees (not started yet)."""
@@ -115,32 +126,81 @@ class JobExecutor:
         )
 
     def start(self, job: ClaimedJob) -> JobContext:
-        """Queue a claimed job's handler; returns the context the handler will see.
+        """Queue a claimed job for the next free thread; returns the context it will see.
 
-        A thread job's ``future`` can still be cancelled until the handler starts. An async
-        job starts on the event loop at once (a free slot was claimed for it), so it counts
-        as started from here and is never given back unstarted.
+        Until a thread takes it (``started`` turns true then), ``take_unstarted`` can
+        still give it back. An async job, too, waits for a thread, which awaits it on the
+        event loop: async and thread jobs share the ``threads`` slots.
         """
         ctx = self.context(job)
-        func = _handler_of(ctx.task)
-        if func is not None and inspect.iscoroutinefunction(func):
-            ctx.started = True
-            ctx.future = self._event_loop().submit(run_async_handler(ctx, func))
-            self._awaiting.add(ctx.future)
-        else:
-            ctx.future = self.pool.submit(run_handler, ctx, self._await)
-        ctx.future.add_done_callback(functools.partial(self._on_done, ctx))
+        if not self._pool:
+            self._pool = [
+                threading.Thread(target=self._work, name=f"pgqueue-job_{i}", daemon=True)
+                for i in range(self.threads)
+            ]
+            for thread in self._pool:
+                thread.start()
+        self._jobs.put(ctx)
         return ctx
 
+    def queued(self) -> int:
+        """Jobs waiting for a thread (approximate while the threads take them)."""
+        return self._jobs.qsize()
+
+    def take_unstarted(self) -> list[JobContext]:
+        """Take back every job no thread has taken yet: none of them will run here."""
+        taken: list[JobContext] = []
+        stops = 0
+        while True:
+            try:
+                ctx = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if ctx is None:
+                stops += 1
+            else:
+                taken.append(ctx)
+        for _ in range(stops):
+            self._jobs.put(None)
+        return taken
+
     def shutdown(self, wait: bool = True) -> None:
-        """Wait for the thread jobs, then for the async ones, then stop the event loop."""
-        self.pool.shutdown(wait=wait)
+        """Run what is queued, let the threads end, then stop the event loop."""
+        for _ in self._pool:
+            self._jobs.put(None)  # after the queued jobs: those still run
+        if wait:
+            for thread in self._pool:
+                thread.join()
+        self._pool = []
         if self._events is None:
             return
-        if wait:
-            futures.wait(list(self._awaiting))
         self._events.stop()
         self._events = None
+
+    def _work(self) -> None:
+        """A handler thread: take a job, run it, deliver its outcome, until told to stop."""
+        while True:
+            ctx = self._jobs.get()
+            if ctx is None:
+                return
+            self.deliver(self._run(ctx))
+
+    def _run(self, ctx: JobContext) -> HandlerOutcome:
+        """The outcome of one job; a BaseException its handler raised is one too.
+
+        A handler that calls ``sys.exit()`` fails its attempt instead of ending the
+        thread (and, with it, one of the worker's slots).
+        """
+        try:
+            func = _handler_of(ctx.task)
+            if func is not None and inspect.iscoroutinefunction(func):
+                ctx.started = True
+                return self._event_loop().submit(run_async_handler(ctx, func)).result()
+            return run_handler(ctx, self._await)
+        except futures.CancelledError:
+            return HandlerOutcome(ctx, ok=False, error="the handler was cancelled")
+        except BaseException as exc:  # an outcome to record, as the job's last_error
+            return HandlerOutcome(ctx, ok=False, error=describe_error(exc))
 
     def _event_loop(self) -> EventLoopThread:
         with self._events_lock:
@@ -155,20 +215,6 @@ class JobExecutor:
             return await awaitable
 
         return self._event_loop().submit(wait()).result()
-
-    def _on_done(self, ctx: JobContext, future: Future) -> None:
-        """Hand the outcome to the loop; also covers a handler that raised SystemExit."""
-        self._awaiting.discard(future)
-        if future.cancelled():
-            if not ctx.started:
-                return  # given back unstarted: there is nothing to record
-            self.deliver(HandlerOutcome(ctx, ok=False, error="the handler was cancelled"))
-            return
-        exc = future.exception()  # a BaseException that escaped run_handler, e.g. sys.exit()
-        outcome = future.result() if exc is None else HandlerOutcome(ctx, ok=False)
-        if exc is not None:
-            outcome.error = describe_error(exc)
-        self.deliver(outcome)
 
 
 def _handler_of(task: str) -> Callable[..., Any] | None:

@@ -56,6 +56,7 @@ class WorkerLoop:
         queues: Sequence[str] = ("default",),
         concurrency: int = 4,
         batch_size: int | None = None,
+        prefetch: int | None = None,
         burst: bool = False,
         max_jobs: int | None = None,
         alias: str = "default",
@@ -64,6 +65,10 @@ class WorkerLoop:
         self.queues = list(dict.fromkeys(queues))
         self.concurrency = concurrency
         self.batch_size = batch_size or int(pgqueue_settings.BATCH_SIZE)
+        # Jobs held beyond the busy slots: they wait, unstarted, in the executor's queue,
+        # so a thread that finishes takes the next job at once instead of waiting for the
+        # loop's round trip, and one turn records and claims for many jobs.
+        self.prefetch = int(pgqueue_settings.PREFETCH if prefetch is None else prefetch)
         self.burst = burst
         self.max_jobs = max_jobs
         self.alias = alias
@@ -132,10 +137,11 @@ class WorkerLoop:
             return 0
         self.listener.start()
         logger.info(
-            "event=worker_started worker=%s queues=%s concurrency=%d batch_size=%d",
+            "event=worker_started worker=%s queues=%s concurrency=%d prefetch=%d batch_size=%d",
             self.id,
             ",".join(self.queues),
             self.concurrency,
+            self.prefetch,
             self.batch_size,
         )
         next_heartbeat = time.monotonic() + self.heartbeat_every
@@ -179,7 +185,8 @@ class WorkerLoop:
         return 0
 
     def _turn(self) -> bool:
-        """Record what finished and claim for the idle slots, in one transaction.
+        """Record what finished and claim for the idle slots and the look-ahead, in one
+        transaction. The handler threads run on meanwhile, on the jobs claimed ahead.
 
         Returns True when the claim filled every slot it asked for (more may be waiting).
         """
@@ -258,19 +265,27 @@ class WorkerLoop:
         Short jobs started together finish within microseconds of one another; recording
         the first alone would split the slots into small cohorts, each paying a commit.
         Waiting a couple of milliseconds at most merges them. Nothing waits when no job
-        has finished yet (a wake-up for new work claims at once).
+        has finished yet (a wake-up for new work claims at once). With a look-ahead the
+        threads are busy with the jobs claimed ahead meanwhile, and the turn goes out once
+        half of those have been taken, so that it is back before the queue runs dry.
         """
         if not self.in_flight or self.outcomes.empty() or self.stopping.is_set():
             return
         deadline = time.monotonic() + self.LINGER_SECONDS
-        while self.outcomes.qsize() < len(self.in_flight):
+        while not self._ripe():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
             self.wake_event.clear()
-            if self.outcomes.qsize() >= len(self.in_flight):
+            if self._ripe():
                 return
             self.wake_event.wait(remaining)
+
+    def _ripe(self) -> bool:
+        """Time for a turn: every job in hand has finished, or the look-ahead runs low."""
+        if self.outcomes.qsize() >= len(self.in_flight):
+            return True
+        return self.prefetch > 0 and self.executor.queued() <= self.prefetch // 2
 
     def _take_outcomes(self) -> None:
         """Move finished jobs from in flight to pending: their slots are free again, and
@@ -284,10 +299,9 @@ class WorkerLoop:
             self.pending.append(outcome)
 
     def _release_unstarted(self) -> None:
-        """On stop: give back jobs claimed but not yet started, so others run them now."""
-        unstarted = [
-            c for c in list(self.in_flight.values()) if not c.started and c.future.cancel()
-        ]
+        """On stop: give back jobs claimed but not yet started (those claimed ahead among
+        them), so others run them now; the executor will not start them any more."""
+        unstarted = self.executor.take_unstarted()
         if unstarted:
             assert self.db is not None
             with self.db.cursor() as cur:
@@ -300,9 +314,10 @@ class WorkerLoop:
         self._released = True
 
     def _want(self) -> int:
+        """Jobs to claim: the idle slots plus the look-ahead, less what is held already."""
         if self.stopping.is_set():
             return 0
-        want = min(self.concurrency - len(self.in_flight), self.batch_size)
+        want = min(self.concurrency + self.prefetch - len(self.in_flight), self.batch_size)
         if self.max_jobs is not None:
             want = min(want, self.max_jobs - self.claimed_total)
         return max(want, 0)

@@ -23,6 +23,13 @@ def _positive(value: str) -> int:
     return number
 
 
+def _non_negative(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError(value)
+    return number
+
+
 class Command(BaseCommand):
     help = (
         "Run pgqueue jobs: claim runnable jobs for idle executor threads, run their handlers, "
@@ -51,6 +58,13 @@ class Command(BaseCommand):
             type=_positive,
             default=None,
             help="most jobs one claim takes (default: PGQUEUE BATCH_SIZE)",
+        )
+        parser.add_argument(
+            "--prefetch",
+            type=_non_negative,
+            default=None,
+            help="jobs claimed beyond the idle threads, waiting for one (default: PGQUEUE "
+            "PREFETCH; 0: claim only for idle threads)",
         )
         parser.add_argument("--burst", action="store_true", help="exit when no job is runnable")
         parser.add_argument(
@@ -83,6 +97,7 @@ class Command(BaseCommand):
             queues=queues,
             concurrency=options["concurrency"],
             batch_size=options["batch_size"],
+            prefetch=options["prefetch"],
             burst=options["burst"],
             max_jobs=options["max_jobs"],
             alias=options["database"],
