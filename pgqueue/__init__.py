@@ -29,6 +29,7 @@ from .exceptions import (
     UnknownTask,
 )
 from .registry import get_task
+from .schedules import periodic
 
 if TYPE_CHECKING:
     from .services import Enqueued
@@ -45,6 +46,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "get_task",
+    "periodic",
     "task",
 ]
 

@@ -48,6 +48,11 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_PUBLIC": False,
     # Per-key rate limit of the HTTP API, e.g. "100/s" or "5000/hour"; None: no limit.
     "API_RATE_LIMIT": None,
+    # Periodic schedules declared in settings, besides those of @pgqueue.periodic: dicts
+    # with "cron" and "task", and optionally "name" (default: the task's), "tenant",
+    # "queue", "priority", "max_attempts", "payload", "missed" ("run_once" or "skip") and
+    # "timezone" (default: TIME_ZONE). Synced to pgqueue_periodic when a worker starts.
+    "PERIODIC": [],
 }
 
 
