@@ -11,6 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from pgqueue.conf import pgqueue_settings
+from pgqueue.schedules import sync_schedules
 from pgqueue.worker import WorkerLoop
 from pgqueue.worker.supervisor import Supervisor, child_command
 
@@ -69,6 +70,7 @@ class Command(BaseCommand):
         if not queues:
             raise CommandError("--queues names no queue")
         _configure_logging(options["verbosity"])
+        sync_schedules(using=options["database"])  # the periodic schedules of this code
 
         if options["processes"] > 1:
             supervisor = Supervisor(
