@@ -85,3 +85,12 @@ def gate(payload, job):
     if not GATES[payload["gate"]].wait(payload.get("timeout", 30)):
         raise TimeoutError(f"gate {payload['gate']} was not opened")
     return {"gate": payload["gate"]}
+
+
+@pgqueue.task(name="test.periodic_tick", queue="periodic")
+def periodic_tick(payload, job):
+    """The target of the periodic schedules of tests/test_periodic.py: returns its payload.
+
+    Its own queue keeps the schedules' jobs away from the workers of other tests.
+    """
+    return {"payload": payload, "job": job.id}
