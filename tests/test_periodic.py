@@ -387,8 +387,10 @@ def test_racing_enqueuers_enqueue_each_tick_once(
     declared: list[str], transactional_db: None
 ) -> None:
     """Four connections fire the same ticks at the same instants, without the advisory lock
-    of maintenance: the rows' SKIP LOCKED, the compare-and-set and the unique key leave one
-    job per tick. (Drop the key and the CAS and a tick gets several jobs.)"""
+    of maintenance: one job per tick. Three guards hold it, each enough alone (checked by
+    removing the others): the rows' FOR UPDATE SKIP LOCKED, the compare-and-set on
+    next_run_at (its savepoint undoes the loser's enqueue) and the tick's unique key. With
+    all three removed, each tick gets four jobs and this test fails."""
     declare(declared, "minutely", "* * * * *", tenant="acme")
     sync_schedules(now=at("2026-01-01T10:00:30Z"))
     ticks = [at("2026-01-01T10:01Z") + dt.timedelta(minutes=i) for i in range(8)]
