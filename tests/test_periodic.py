@@ -459,6 +459,19 @@ def test_a_daily_schedule_fires_once_on_a_dst_day_at_the_documented_instant(
     assert row("nightly").last_run_at == at(expected)
 
 
+def test_an_hourly_schedule_keeps_its_pace_through_the_repeated_hour() -> None:
+    """Debian cron's rule, which cronsim follows: only schedules coarser than an hour get the
+    once-only treatment; an hourly one runs in both 02:00 hours of the fall-back day."""
+    ticks, now = [], at("2026-10-24T22:30Z")  # 00:30 CEST on 2026-10-25
+    for _ in range(4):
+        now = schedules.next_tick("0 * * * *", "Europe/Paris", now)
+        ticks.append(now)
+    # 01:00 CEST, 02:00 CEST, 02:00 CET, 03:00 CET: one each real hour.
+    assert ticks == [at(t) for t in ("2026-10-24T23:00Z", "2026-10-25T00:00Z")] + [
+        at(t) for t in ("2026-10-25T01:00Z", "2026-10-25T02:00Z")
+    ]
+
+
 # -- real workers -------------------------------------------------------------------------
 
 SCHEDULE = {"name": "every-minute", "cron": "* * * * *", "task": TASK, "tenant": "acme"}
