@@ -372,11 +372,10 @@ def enqueue_due(
 ) -> list[Fired]:
     """Enqueue the due schedules' jobs on ``cursor`` (a psycopg cursor, in a transaction).
 
-    Each schedule is its own savepoint: a schedule whose enqueue fails (its row is left due,
-    to be tried again) costs the others nothing, nor the rest of maintenance.
+    Each schedule is its own savepoint: a schedule that fails (its row is left due, to be
+    tried again and logged again) costs the others nothing, nor the rest of maintenance,
+    whose lease rescue must not stop for, say, a host that lacks a time zone.
     """
-    import psycopg
-
     now = now or dt.datetime.now(dt.UTC)
     fired: list[Fired] = []
     for row in store.periodic_lock_due(cursor, now=now, limit=limit):
@@ -385,8 +384,8 @@ def enqueue_due(
                 fired.append(_fire(cursor, row, now))
         except _Moved:
             logger.warning("schedule=%s event=periodic_moved_by_another", row.name)
-        except psycopg.Error as exc:
-            logger.error("schedule=%s event=periodic_failed error=%s", row.name, exc)
+        except Exception as exc:  # the savepoint is rolled back; maintenance goes on
+            logger.error("schedule=%s event=periodic_failed error=%r", row.name, exc)
             if on_error is not None:
                 on_error(row.name, exc)
     return fired

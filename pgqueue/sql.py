@@ -515,12 +515,12 @@ ON CONFLICT (id) DO UPDATE SET last_attempt_id = EXCLUDED.last_attempt_id
 RETURNING last_attempt_id
 """
 
-# -- periodic schedules (pgqueue_periodic; see pgqueue/periodic.py) -------------------------
+# -- periodic schedules (pgqueue_periodic; see pgqueue/schedules.py) -------------------------
 
 # -- name: PERIODIC_SYNC
 # Make pgqueue_periodic match the schedules declared in code (a JSON array of rows, each
 # with its first tick computed in Python): upsert them, mark the others removed.
-# Called by periodic.sync_schedules, at runworker start-up, in its own transaction.
+# Called by schedules.sync_schedules, at runworker start-up, in its own transaction.
 # Locks: the declared rows (upsert, in name order, so concurrent start-ups never deadlock)
 #   and the rows newly marked removed. Never writes `enabled`, which the operator owns: a
 #   deploy does not re-enable what the admin turned off. next_run_at is kept unless the
@@ -561,7 +561,7 @@ SELECT name FROM removed ORDER BY name
 
 # -- name: PERIODIC_LOCK_DUE
 # The live schedules whose next tick has come, locked for this maintenance run.
-# Called by periodic.enqueue_due (the maintenance duty enqueue_due_periodic).
+# Called by schedules.enqueue_due (the maintenance duty enqueue_due_periodic).
 # Locks: each returned row, FOR UPDATE SKIP LOCKED: a second enqueuer (maintenance runs
 #   one at a time, but nothing relies on that alone) skips a row being fired, and after
 #   that run's commit finds it no longer due.
@@ -580,8 +580,9 @@ SELECT name, cron, timezone, task, tenant, queue, priority, max_attempts,
 # Move a fired schedule to its next tick: a compare-and-set on the next_run_at it was
 # fired for, so a tick moves the schedule forward once. Records the tick and its job
 # (both kept as they were when the tick was skipped).
-# Called by periodic.enqueue_due, in the savepoint of the tick's enqueue.
-# Locks: the schedule's row (already locked by PERIODIC_LOCK_DUE). Index: the name key.
+# Called by schedules.enqueue_due, in the savepoint of the tick's enqueue.
+# Locks: the schedule's row (already locked by PERIODIC_LOCK_DUE).
+# Index: pgqueue_periodic_name_key.
 PERIODIC_ADVANCE = """
 UPDATE pgqueue_periodic
    SET next_run_at = %(next_run_at)s::timestamptz,
@@ -593,15 +594,18 @@ RETURNING name
 """
 
 # -- name: PERIODIC_LOCK
-# One schedule's cron, time zone and switch, locked while the switch is turned.
-# Called by periodic.set_periodic_enabled (the admin's toggle). Index: the name key.
+# One schedule's cron, time zone and switch, read to turn the switch.
+# Called by schedules.set_periodic_enabled (the admin's actions), in its transaction.
+# Locks: that row, FOR UPDATE, until the switch is turned (two operators in turn, not both).
+# Index: pgqueue_periodic_name_key.
 PERIODIC_LOCK = """
 SELECT cron, timezone, enabled FROM pgqueue_periodic WHERE name = %(name)s FOR UPDATE
 """
 
 # -- name: PERIODIC_SET_ENABLED
 # Turn a schedule on (from its next tick, computed by the caller) or off.
-# Called by periodic.set_periodic_enabled after PERIODIC_LOCK. Locks: that row.
+# Called by schedules.set_periodic_enabled after PERIODIC_LOCK, in the same transaction.
+# Locks: that row (already held). Index: pgqueue_periodic_name_key.
 PERIODIC_SET_ENABLED = """
 UPDATE pgqueue_periodic
    SET enabled = %(enabled)s::boolean,

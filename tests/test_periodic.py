@@ -372,6 +372,24 @@ def test_a_schedule_removed_from_code_stops(
     assert jobs_of("five") == []
 
 
+def test_a_failing_schedule_costs_the_others_nothing(
+    declared: list[str], duty_conn: psycopg.Connection
+) -> None:
+    declare(declared, "broken", "*/5 * * * *")
+    declare(declared, "fine", "*/5 * * * *")
+    sync_schedules(now=at("2026-01-01T10:01Z"))
+    # A host without this zone, say: computing its ticks raises.
+    PeriodicSchedule.objects.filter(name="broken").update(timezone="Mars/Olympus")
+    failed: list[str] = []
+    with duty_conn.transaction(), duty_conn.cursor() as cur:
+        fired = enqueue_due(
+            cur, now=at("2026-01-01T10:05:01Z"), on_error=lambda name, exc: failed.append(name)
+        )
+    assert failed == ["broken"] and [f.name for f in fired] == ["fine"]
+    assert len(jobs_of("fine")) == 1 and jobs_of("broken") == []
+    assert row("broken").next_run_at == at("2026-01-01T10:05Z")  # left due, tried again
+
+
 def test_maintenance_runs_the_duty(declared: list[str], duty_conn: psycopg.Connection) -> None:
     declare(declared, "minutely", "* * * * *")
     sync_schedules()
