@@ -16,10 +16,11 @@ A schedule is declared with ``@pgqueue.periodic(cron, ...)`` stacked on a
 
 Once per tick, whatever the number of workers and hosts: the job's idempotency key is
 ``periodic:<name>:<tick in UTC, ISO 8601>`` under the schedule's tenant, and jobs have a
-unique (tenant, idempotency_key). A second enqueue of a tick, by whatever path, inserts
-nothing. The advisory lock of maintenance, the rows' ``FOR UPDATE SKIP LOCKED`` and the
-compare-and-set on ``next_run_at`` make that second attempt rare; the unique key makes it
-harmless.
+unique (tenant, idempotency_key): a second enqueue of a tick, by whatever path, inserts
+nothing. Two more guards stand before it, each enough alone (tests/test_periodic.py races
+four connections with the others removed): the due rows are taken ``FOR UPDATE SKIP
+LOCKED``, and ``next_run_at`` moves by compare-and-set, whose failure rolls back that
+schedule's savepoint, enqueue included. No leader is elected, so none can split.
 
 Ticks are computed by cronsim (Debian cron's semantics) on the wall clock of the
 schedule's time zone (``settings.TIME_ZONE`` unless the schedule names one), then stored
@@ -413,7 +414,7 @@ def _fire(cursor: Any, row: store.DueSchedule, now: dt.datetime) -> Fired:
         )
         if ids:
             job_id = ids[0]
-        else:  # the tick's job exists already: nothing inserted, nothing owed
+        else:  # the tick's job exists already: nothing inserted, the clock refunded
             if charged:
                 store.refund_clock(
                     cursor, tenant=row.tenant, queue=row.queue, priority=row.priority, count=1
