@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 from pgqueue.conf import pgqueue_settings
 from pgqueue.schedules import sync_schedules
@@ -71,6 +72,7 @@ class Command(BaseCommand):
             raise CommandError("--queues names no queue")
         _configure_logging(options["verbosity"])
         sync_schedules(using=options["database"])  # the periodic schedules of this code
+        connections[options["database"]].close()  # the loop keeps connections of its own
 
         if options["processes"] > 1:
             supervisor = Supervisor(
