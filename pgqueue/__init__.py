@@ -31,6 +31,7 @@ from .exceptions import (
     UnknownTask,
 )
 from .registry import get_task
+from .schedules import periodic
 
 if TYPE_CHECKING:
     from .services import Enqueued
@@ -47,6 +48,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "get_task",
+    "periodic",
     "task",
 ]
 

@@ -184,3 +184,42 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         )
         for p in problems
     ]
+
+
+@register()
+def check_periodic(app_configs: Any = None, **kwargs: Any) -> list:
+    """Every periodic schedule (code and ``PGQUEUE["PERIODIC"]``) could be enqueued.
+
+    Run by ``runworker`` before it syncs the schedules, so a typo in a cron, a task name or
+    a tenant stops the worker with the schedule's name rather than at its first tick.
+    """
+    import datetime as dt
+
+    from . import schedules
+    from .exceptions import PgQueueError
+
+    entries = pgqueue_settings.PERIODIC
+    if not isinstance(entries, list | tuple):
+        return [
+            Error(
+                f"PGQUEUE['PERIODIC'] must be a list of dicts, got {entries!r}.",
+                hint="See the README's Periodic jobs section.",
+                id="pgqueue.E004",
+            )
+        ]
+    problems: list[str] = []
+    try:
+        declared = schedules.declared_schedules()
+    except ValueError as exc:
+        problems.append(str(exc))
+        declared = []
+    now = dt.datetime.now(dt.UTC)
+    for schedule in declared:
+        try:
+            schedules.resolve(schedule, now)
+        except (PgQueueError, ValueError) as exc:
+            problems.append(f"periodic schedule {schedule.name!r}: {exc}")
+    return [
+        Error(p, hint="See the README's Periodic jobs section.", id="pgqueue.E004")
+        for p in problems
+    ]

@@ -64,6 +64,11 @@ DEFAULTS: dict[str, Any] = {
     # many jobs while the handlers run; a stopping worker gives them back unstarted. Each
     # adds at most one job's run time to the wait of jobs of other tenants.
     "PREFETCH": 8,
+    # Periodic schedules declared in settings, besides those of @pgqueue.periodic: dicts
+    # with "cron" and "task", and optionally "name" (default: the task's), "tenant",
+    # "queue", "priority", "max_attempts", "payload", "missed" ("run_once" or "skip") and
+    # "timezone" (default: TIME_ZONE). Synced to pgqueue_periodic when a worker starts.
+    "PERIODIC": [],
 }
 
 

@@ -628,3 +628,103 @@ SELECT 1, max(id) FROM fresh HAVING count(*) > 0
 ON CONFLICT (id) DO UPDATE SET last_attempt_id = EXCLUDED.last_attempt_id
 RETURNING last_attempt_id
 """
+
+# -- periodic schedules (pgqueue_periodic; see pgqueue/schedules.py) -------------------------
+
+# -- name: PERIODIC_SYNC
+# Make pgqueue_periodic match the schedules declared in code (a JSON array of rows, each
+# with its first tick computed in Python): upsert them, mark the others removed.
+# Called by schedules.sync_schedules, at runworker start-up, in its own transaction.
+# Locks: the declared rows (upsert, in name order, so concurrent start-ups never deadlock)
+#   and the rows newly marked removed. Never writes `enabled`, which the operator owns: a
+#   deploy does not re-enable what the admin turned off. next_run_at is kept unless the
+#   cron or the time zone changed, or the schedule comes back after a removal.
+# Index: pgqueue_periodic_name_key (the upsert); the removal scans the (small) table.
+PERIODIC_SYNC = """
+WITH spec AS (
+    SELECT * FROM jsonb_to_recordset(%(specs)s::jsonb) AS s(
+        name text, cron text, timezone text, task text, tenant text, queue text,
+        priority smallint, max_attempts int, payload jsonb, missed text, next_run_at timestamptz)
+),
+upserted AS (
+    INSERT INTO pgqueue_periodic AS p (name, cron, timezone, task, tenant, queue, priority,
+                                       max_attempts, payload, missed, enabled, next_run_at)
+    SELECT name, cron, timezone, task, tenant, queue, priority, max_attempts,
+           COALESCE(payload, 'null'::jsonb), missed, TRUE, next_run_at
+      FROM spec
+     ORDER BY name
+    ON CONFLICT (name) DO UPDATE
+       SET next_run_at = CASE
+               WHEN p.cron <> EXCLUDED.cron OR p.timezone <> EXCLUDED.timezone
+                    OR p.removed_at IS NOT NULL
+               THEN EXCLUDED.next_run_at ELSE p.next_run_at END,
+           cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, task = EXCLUDED.task,
+           tenant = EXCLUDED.tenant, queue = EXCLUDED.queue, priority = EXCLUDED.priority,
+           max_attempts = EXCLUDED.max_attempts, payload = EXCLUDED.payload,
+           missed = EXCLUDED.missed, removed_at = NULL, updated_at = now()
+    RETURNING p.name
+),
+removed AS (
+    UPDATE pgqueue_periodic
+       SET removed_at = now(), updated_at = now()
+     WHERE removed_at IS NULL AND name <> ALL (ARRAY(SELECT name FROM spec))
+    RETURNING name
+)
+SELECT name FROM removed ORDER BY name
+"""
+
+# -- name: PERIODIC_LOCK_DUE
+# The live schedules whose next tick has come, locked for this maintenance run.
+# Called by schedules.enqueue_due (the maintenance duty enqueue_due_periodic).
+# Locks: each returned row, FOR UPDATE SKIP LOCKED: a second enqueuer (maintenance runs
+#   one at a time, but nothing relies on that alone) skips a row being fired, and after
+#   that run's commit finds it no longer due.
+# Index: pgqueue_periodic_due (partial: enabled and not removed, by next_run_at).
+PERIODIC_LOCK_DUE = f"""
+SELECT name, cron, timezone, task, tenant, queue, priority, max_attempts,
+       COALESCE(payload, 'null'::jsonb)::text, missed, next_run_at
+  FROM pgqueue_periodic
+ WHERE enabled AND removed_at IS NULL AND next_run_at <= {NOW}
+ ORDER BY next_run_at, name
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+"""
+
+# -- name: PERIODIC_ADVANCE
+# Move a fired schedule to its next tick: a compare-and-set on the next_run_at it was
+# fired for, so a tick moves the schedule forward once. Records the tick and its job
+# (both kept as they were when the tick was skipped).
+# Called by schedules.enqueue_due, in the savepoint of the tick's enqueue.
+# Locks: the schedule's row (already locked by PERIODIC_LOCK_DUE).
+# Index: pgqueue_periodic_name_key.
+PERIODIC_ADVANCE = """
+UPDATE pgqueue_periodic
+   SET next_run_at = %(next_run_at)s::timestamptz,
+       last_run_at = COALESCE(%(tick)s::timestamptz, last_run_at),
+       last_job_id = COALESCE(%(job_id)s::bigint, last_job_id),
+       updated_at = now()
+ WHERE name = %(name)s AND next_run_at = %(due)s::timestamptz
+RETURNING name
+"""
+
+# -- name: PERIODIC_LOCK
+# One schedule's cron, time zone and switch, read to turn the switch.
+# Called by schedules.set_periodic_enabled (the admin's actions), in its transaction.
+# Locks: that row, FOR UPDATE, until the switch is turned (two operators in turn, not both).
+# Index: pgqueue_periodic_name_key.
+PERIODIC_LOCK = """
+SELECT cron, timezone, enabled FROM pgqueue_periodic WHERE name = %(name)s FOR UPDATE
+"""
+
+# -- name: PERIODIC_SET_ENABLED
+# Turn a schedule on (from its next tick, computed by the caller) or off.
+# Called by schedules.set_periodic_enabled after PERIODIC_LOCK, in the same transaction.
+# Locks: that row (already held). Index: pgqueue_periodic_name_key.
+PERIODIC_SET_ENABLED = """
+UPDATE pgqueue_periodic
+   SET enabled = %(enabled)s::boolean,
+       next_run_at = CASE WHEN %(enabled)s::boolean THEN %(next_run_at)s::timestamptz
+                          ELSE next_run_at END,
+       updated_at = now()
+ WHERE name = %(name)s
+"""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from .dashboard import DashboardAdmin
 from .jobs import JobAdmin
 from .keys import ApiKeyAdmin
+from .periodic import PeriodicScheduleAdmin  # noqa: F401  (registers the schedules' admin)
 from .tenants import TenantAdmin
 from .workers import WorkerAdmin
 

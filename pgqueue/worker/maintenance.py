@@ -1,4 +1,4 @@
-"""Maintenance: the queue's four background duties, run by one worker at a time.
+"""Maintenance: the queue's background duties, run by one worker at a time.
 
 - ``rescue_expired_leases``: a job whose lease ran out (its worker crashed, was killed or
   stalled) is taken back: scheduled again with backoff, or dead when out of attempts.
@@ -6,6 +6,8 @@
   runnable, each with a fresh fair vtime, and their queues are notified.
 - ``prune_dead_workers``: worker rows not seen for a day leave the registry.
 - ``fold_task_stats``: finished attempts are folded into the per-task totals of the metrics.
+- ``enqueue_due_periodic``: each due periodic schedule enqueues its tick's job (one per
+  tick, held so by the job's idempotency key) and moves on to its next tick.
 
 Who and how often: every worker's loop calls ``run_maintenance`` when it starts and then
 about once per ``MAINTENANCE_SECONDS`` (jittered, so workers do not try in step; not while
@@ -18,11 +20,13 @@ in sorted order, so maintenance never deadlocks with enqueues or with itself.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from .. import store
+from ..schedules import Fired, enqueue_due
 
 logger = logging.getLogger("pgqueue.worker")
 
@@ -43,6 +47,7 @@ def run_maintenance(conn: Any) -> MaintenanceResult:
         promoted = promote_due_jobs(cur)
         prune_dead_workers(cur)
         fold_task_stats(cur)
+        enqueue_due_periodic(cur)
     # Logged once committed: a pass that rolled back rescued and promoted nothing.
     for job_id, status in rescued.items():
         logger.warning("job=%d event=lease_expired new_status=%s", job_id, status)
@@ -83,3 +88,12 @@ def fold_task_stats(cur: Any) -> int:
     The metrics endpoint then reads a few rows per task, not the whole attempt history.
     """
     return store.fold_task_stats(cur)
+
+
+def enqueue_due_periodic(cur: Any, now: dt.datetime | None = None) -> list[Fired]:
+    """Enqueue the job of each due periodic schedule's tick; returns what each did.
+
+    Through ``store.enqueue``, so the tenant's fair clock is charged as for any job. A tick
+    missed while no worker ran becomes one job, or none (``missed="skip"``), not a burst.
+    """
+    return enqueue_due(cur, now=now)

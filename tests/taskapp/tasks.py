@@ -167,3 +167,12 @@ async def async_sleep(payload, job):
     await asyncio.sleep(payload["seconds"])
     task_logger.info("async sleeper %s done", payload["n"])
     return {"n": payload["n"], "began": began, "ended": time.time()}
+
+
+@pgqueue.task(name="test.periodic_tick", queue="periodic")
+def periodic_tick(payload, job):
+    """The target of the periodic schedules of tests/test_periodic.py: returns its payload.
+
+    Its own queue keeps the schedules' jobs away from the workers of other tests.
+    """
+    return {"payload": payload, "job": job.id}

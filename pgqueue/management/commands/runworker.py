@@ -9,9 +9,11 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import OperationalError, connections
 
 from pgqueue.conf import pgqueue_settings
 from pgqueue.log import DEFAULT_FORMAT, JobContextFilter
+from pgqueue.schedules import sync_schedules
 from pgqueue.worker import DatabaseUnreachable, WorkerLoop
 from pgqueue.worker.supervisor import Supervisor, child_command
 
@@ -84,6 +86,15 @@ class Command(BaseCommand):
         if not queues:
             raise CommandError("--queues names no queue")
         _configure_logging(options["verbosity"])
+        try:
+            sync_schedules(using=options["database"])  # the periodic schedules of this code
+        except OperationalError as exc:
+            # Unreachable now: the loop's own connection retries (and gives up in one line);
+            # the schedules already in the table keep firing, new ones wait for a restart.
+            logging.getLogger("pgqueue.worker").warning(
+                "event=periodic_sync_skipped reason=%s", " ".join(str(exc).split())[:200]
+            )
+        connections[options["database"]].close()  # the loop keeps connections of its own
 
         if options["processes"] > 1:
             supervisor = Supervisor(
