@@ -413,7 +413,7 @@ def _fire(cursor: Any, row: store.DueSchedule, now: dt.datetime) -> Fired:
             idempotency_key=key,
         )
         if ids:
-            job_id = ids[0]
+            job_id = ids[0].id
         else:  # the tick's job exists already: nothing inserted, the clock refunded
             if charged:
                 store.refund_clock(

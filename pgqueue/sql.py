@@ -136,6 +136,16 @@ inserted AS (
 SELECT {_enqueued("inserted")}, TRUE FROM inserted ORDER BY id
 """
 
+# -- name: JOB_GET_ID_BY_IDEMPOTENCY_KEY
+# The id of a tenant's job holding an idempotency key, for an enqueue on a bare connection
+# that found the key taken (a periodic tick already enqueued by another worker).
+# Locks: nothing.
+# Index: pgqueue_job_idempotency (tenant, idempotency_key), one tuple.
+# Called by: store.job_id_for_key, from schedules._fire.
+JOB_GET_ID_BY_IDEMPOTENCY_KEY = """
+SELECT id FROM pgqueue_job WHERE tenant = %(tenant)s AND idempotency_key = %(idempotency_key)s
+"""
+
 # -- name: FAIR_CLOCK_REFUND
 # Gives back the virtual time JOB_ENQUEUE charged for a job that ON CONFLICT did not
 # insert (a concurrent duplicate idempotency key).

@@ -102,6 +102,14 @@ def refund_clock(cursor: Any, *, tenant: str, queue: str, priority: int, count: 
     )
 
 
+def job_id_for_key(cursor: Any, *, tenant: str, idempotency_key: str) -> int | None:
+    cursor.execute(
+        sql.JOB_GET_ID_BY_IDEMPOTENCY_KEY, {"tenant": tenant, "idempotency_key": idempotency_key}
+    )
+    row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
 def _claimed(row: Sequence[Any]) -> ClaimedJob:
     return ClaimedJob(
         row[0], row[1], json.loads(row[2]), row[3], row[4], row[5], row[6], row[7], row[8], row[9]
