@@ -20,7 +20,7 @@ from django.test import override_settings
 import pgqueue
 from pgqueue import checks
 from pgqueue.models import Job
-from tests.test_worker import database_url
+from tests.workers import database_url
 
 REPO = Path(__file__).resolve().parent.parent
 SQLITE = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
