@@ -31,6 +31,7 @@ RUNS = [
     ("chaos", "5. Crash safety"),
     ("verified", "6. Verified results"),
     ("table_scale", "7. Scale of the table"),
+    ("soak", "8. Soak with retention"),
 ]
 
 
