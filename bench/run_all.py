@@ -34,6 +34,7 @@ RUNS = [
     ("hosts", "8. Workers on several hosts against one PostgreSQL"),
     ("profile", "9. Where a job's time goes in the worker (profile)"),
     ("prefetch", "10. Look-ahead: throughput against small-tenant wait"),
+    ("soak", "11. Soak with retention"),
 ]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 import re
 from typing import Any
 
@@ -11,7 +13,7 @@ from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.utils import load_backend
 
-from .conf import DEFAULTS, pgqueue_settings
+from .conf import DEFAULTS, FINISHED_STATUSES, pgqueue_settings
 from .fairness import ORDERINGS
 
 MIN_POSTGRES = 140000
@@ -147,6 +149,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("MAX_RESULT_BYTES", 2, True),
         ("CONNECT_ATTEMPTS", 1, True),
         ("PREFETCH", 0, True),
+        ("PRUNE_BATCH_SIZE", 1, True),
+        ("PRUNE_BATCHES_PER_PASS", 1, True),
     ]:
         problem = _number(name, getattr(s, name), minimum=minimum, integer=integer)
         if problem:
@@ -176,6 +180,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         problem = _rate(name, getattr(s, name))
         if problem:
             problems.append(problem)
+    problems.extend(_retention_problems(s.RETENTION))
     return [
         Error(
             p,
@@ -223,3 +228,37 @@ def check_periodic(app_configs: Any = None, **kwargs: Any) -> list:
         Error(p, hint="See the README's Periodic jobs section.", id="pgqueue.E004")
         for p in problems
     ]
+
+
+def _retention_problems(retention: Any) -> list[str]:
+    """RETENTION is ``{status: seconds >= 0 | timedelta >= 0 | None}`` for finished statuses.
+
+    A typo in a status name would otherwise keep that status forever without a word.
+    """
+    if not isinstance(retention, dict):
+        return [
+            "PGQUEUE['RETENTION'] must be a dict {status: seconds, timedelta or None}, "
+            f"got {retention!r}."
+        ]
+    problems = []
+    unknown = sorted(str(k) for k in retention if k not in FINISHED_STATUSES)
+    if unknown:
+        problems.append(
+            f"PGQUEUE['RETENTION'] names unknown status(es) {', '.join(unknown)}; "
+            f"retention applies to {', '.join(FINISHED_STATUSES)}."
+        )
+    for status, keep in retention.items():
+        if status not in FINISHED_STATUSES or keep is None:
+            continue
+        if isinstance(keep, dt.timedelta):
+            seconds: Any = keep.total_seconds()
+        elif isinstance(keep, int | float) and not isinstance(keep, bool):
+            seconds = keep
+        else:
+            seconds = None
+        if seconds is None or not math.isfinite(seconds) or seconds < 0:
+            problems.append(
+                f"PGQUEUE['RETENTION'][{status!r}] must be seconds >= 0, a timedelta or "
+                f"None (keep forever), got {keep!r}."
+            )
+    return problems

@@ -6,6 +6,7 @@ reloaded when ``override_settings`` changes ``PGQUEUE`` so tests see the new val
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.conf import settings
@@ -69,7 +70,19 @@ DEFAULTS: dict[str, Any] = {
     # "queue", "priority", "max_attempts", "payload", "missed" ("run_once" or "skip") and
     # "timezone" (default: TIME_ZONE). Synced to pgqueue_periodic when a worker starts.
     "PERIODIC": [],
+    # How long finished jobs are kept, per status: seconds or a datetime.timedelta after
+    # finished_at; None keeps that status forever. A dict naming only some statuses
+    # overrides those and keeps the defaults of the others. A job's attempt rows and its
+    # idempotency key go with it (the key can be used again once its job is pruned).
+    "RETENTION": {"done": 7 * 86400, "cancelled": 7 * 86400, "dead": 30 * 86400},
+    # Most jobs one prune statement deletes (with their attempt rows).
+    "PRUNE_BATCH_SIZE": 1000,
+    # Most prune statements per maintenance pass, each its own short transaction.
+    "PRUNE_BATCHES_PER_PASS": 4,
 }
+
+#: The statuses RETENTION applies to: those a job leaves only by an operator's retry.
+FINISHED_STATUSES = ("done", "cancelled", "dead")
 
 
 class PgQueueSettings:
@@ -94,8 +107,26 @@ class PgQueueSettings:
         hb = self.HEARTBEAT_SECONDS
         return float(hb) if hb is not None else float(self.LEASE_SECONDS) / 3.0
 
+    @property
+    def retention_seconds(self) -> dict[str, float | None]:
+        """RETENTION over its defaults, in seconds: ``{status: seconds, or None to keep}``.
+
+        Merged rather than replaced so that ``{"dead": None}`` keeps dead jobs forever
+        without silently keeping done and cancelled ones forever too.
+        """
+        merged = {**DEFAULTS["RETENTION"], **(self.RETENTION or {})}
+        return {
+            status: None if keep is None else _seconds(keep)
+            for status, keep in merged.items()
+            if status in FINISHED_STATUSES
+        }
+
     def reload(self) -> None:
         self._cache.clear()
+
+
+def _seconds(value: Any) -> float:
+    return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
 
 
 pgqueue_settings = PgQueueSettings()

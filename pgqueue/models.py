@@ -156,6 +156,12 @@ class Job(models.Model):
                 condition=Q(status="running"),
                 name="pgqueue_job_lease",
             ),
+            # JOB_PRUNE_FINISHED: finished jobs of one status, oldest first.
+            models.Index(
+                fields=["status", "finished_at"],
+                condition=Q(status__in=["done", "dead", "cancelled"]),
+                name="pgqueue_job_finished",
+            ),
         ]
         constraints = [
             # Idempotency keys are unique per tenant; JOB_ENQUEUE's ON CONFLICT names it.

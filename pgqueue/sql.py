@@ -738,3 +738,58 @@ UPDATE pgqueue_periodic
        updated_at = now()
  WHERE name = %(name)s
 """
+
+
+# -- Retention ------------------------------------------------------------------------------
+# Finished jobs older than their status's retention leave the table with their attempt rows
+# (and so with their idempotency keys). Never an attempt the metrics have not folded yet:
+# a job having an attempt with id > pgqueue_stat_mark.last_attempt_id stays until the fold
+# has passed it, so the counters of pgqueue_task_stat never lose history.
+_PRUNABLE = f"""
+    SELECT j.id FROM pgqueue_job j
+     WHERE j.status = %(status)s
+       AND j.finished_at < {NOW} - %(keep)s * interval '1 second'
+       AND NOT EXISTS (
+           SELECT 1 FROM pgqueue_job_attempt a
+            WHERE a.job_id = j.id
+              AND a.id > COALESCE(
+                  (SELECT last_attempt_id FROM pgqueue_stat_mark WHERE id = 1), 0))
+     ORDER BY j.finished_at
+     LIMIT %(limit)s"""
+
+# -- name: JOB_PRUNE_FINISHED
+# Delete up to %(limit)s jobs of one finished status whose finished_at is more than
+# %(keep)s seconds ago, oldest first, with their attempt rows, in one statement. Returns
+# (jobs deleted, attempts deleted). Called by maintenance.prune_finished_jobs (a few
+# batches per pass, each its own transaction) and manage.py pgqueue_prune.
+# Locks: the chosen job rows, FOR UPDATE SKIP LOCKED: a row an operator is retrying or
+#   anything else holds is skipped until a later batch, never waited on; claims and
+#   enqueues touch other rows (queued, scheduled, new) and never wait on a prune. The
+#   attempt rows of the locked jobs, which nothing else writes once a job is finished.
+#   The attempt -> job foreign key is deferred: both deletes are checked at commit.
+# Index: pgqueue_job_finished (status, finished_at) WHERE status IN finished statuses,
+#   a range scan already oldest first; pgqueue_job_attempt's job_id index for the
+#   not-yet-folded probe and the delete of the history; pgqueue_stat_mark's pkey.
+JOB_PRUNE_FINISHED = f"""
+WITH doomed AS MATERIALIZED ({_PRUNABLE}
+       FOR UPDATE OF j SKIP LOCKED
+),
+history AS (
+    DELETE FROM pgqueue_job_attempt a USING doomed d WHERE a.job_id = d.id RETURNING a.id
+),
+jobs AS (
+    DELETE FROM pgqueue_job j USING doomed d WHERE j.id = d.id RETURNING j.id
+)
+SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM history)
+"""
+
+# -- name: JOB_PRUNE_FINISHED_COUNT
+# What JOB_PRUNE_FINISHED would delete for one status, counted up to %(limit)s jobs (the
+# caller asks for one more than it shows, to say "N+"): (jobs, their attempt rows). Takes
+# no lock. Called by manage.py pgqueue_prune --dry-run. Index: as JOB_PRUNE_FINISHED.
+JOB_PRUNE_FINISHED_COUNT = f"""
+WITH doomed AS MATERIALIZED ({_PRUNABLE}
+)
+SELECT (SELECT count(*) FROM doomed),
+       (SELECT count(*) FROM pgqueue_job_attempt a JOIN doomed d ON a.job_id = d.id)
+"""

@@ -8,6 +8,10 @@
 - ``fold_task_stats``: finished attempts are folded into the per-task totals of the metrics.
 - ``enqueue_due_periodic``: each due periodic schedule enqueues its tick's job (one per
   tick, held so by the job's idempotency key) and moves on to its next tick.
+- ``prune_finished_jobs``: finished jobs older than ``RETENTION`` leave the table with their
+  attempt rows, in batches of ``PRUNE_BATCH_SIZE``, at most ``PRUNE_BATCHES_PER_PASS`` of
+  them per pass, each in its own short transaction after the pass's has committed (so the
+  fold it waits for is visible, and the advisory-locked transaction is not lengthened).
 
 Who and how often: every worker's loop calls ``run_maintenance`` when it starts and then
 about once per ``MAINTENANCE_SECONDS`` (jittered, so workers do not try in step; not while
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import store
+from ..conf import pgqueue_settings
 from ..schedules import Fired, enqueue_due
 
 logger = logging.getLogger("pgqueue.worker")
@@ -48,6 +53,7 @@ def run_maintenance(conn: Any) -> MaintenanceResult:
         prune_dead_workers(cur)
         fold_task_stats(cur)
         enqueue_due_periodic(cur)
+    prune_finished_jobs(conn)
     # Logged once committed: a pass that rolled back rescued and promoted nothing.
     for job_id, status in rescued.items():
         logger.warning("job=%d event=lease_expired new_status=%s", job_id, status)
@@ -97,3 +103,43 @@ def enqueue_due_periodic(cur: Any, now: dt.datetime | None = None) -> list[Fired
     missed while no worker ran becomes one job, or none (``missed="skip"``), not a burst.
     """
     return enqueue_due(cur, now=now)
+
+
+def prune_finished_jobs(
+    conn: Any, *, max_batches: int | None = None, now: dt.datetime | None = None
+) -> dict[str, store.Pruned]:
+    """Delete finished jobs past their retention, with their attempts; ``{status: removed}``.
+
+    Runs on ``conn`` (psycopg, autocommit) in transactions of its own, one per batch of at
+    most ``PRUNE_BATCH_SIZE`` jobs: none of them holds locks or a snapshot for long, and
+    rows something else holds are skipped (SKIP LOCKED), so a prune never delays a claim or
+    an enqueue. The statuses take turns, one batch each, until each has fewer than a batch
+    left or ``max_batches`` have run (None: ``PRUNE_BATCHES_PER_PASS``; 0: no bound, until
+    nothing is left, as ``manage.py pgqueue_prune`` does). Jobs whose attempts the metrics
+    have not folded yet stay until a later pass.
+    """
+    budget = pgqueue_settings.PRUNE_BATCHES_PER_PASS if max_batches is None else max_batches
+    limit = int(pgqueue_settings.PRUNE_BATCH_SIZE)
+    pending = {s: k for s, k in pgqueue_settings.retention_seconds.items() if k is not None}
+    removed = {status: store.Pruned(0, 0) for status in pending}
+    batches = 0
+    while pending and (budget == 0 or batches < budget):
+        for status, keep in list(pending.items()):
+            if budget and batches >= budget:
+                break
+            with conn.transaction(), conn.cursor() as cur:
+                got = store.prune_finished(
+                    cur, status=status, keep_seconds=keep, limit=limit, now=now
+                )
+            batches += 1
+            total = removed[status]
+            removed[status] = store.Pruned(total.jobs + got.jobs, total.attempts + got.attempts)
+            if got.jobs < limit:
+                del pending[status]
+    pruned = {s: r for s, r in removed.items() if r.jobs}
+    if pruned:
+        logger.debug(
+            "event=pruned %s",
+            " ".join(f"{s}={r.jobs} attempts_{s}={r.attempts}" for s, r in pruned.items()),
+        )
+    return removed
