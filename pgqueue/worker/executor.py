@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from django.db import close_old_connections
 
 from ..conf import pgqueue_settings
-from ..exceptions import PermanentError
+from ..exceptions import PermanentError, UnknownTask
 from ..log import job_context
 from ..registry import get_task
 from ..store import ClaimedJob
@@ -169,6 +169,15 @@ class JobExecutor:
         if exc is not None:
             outcome.error = describe_error(exc)
         self.deliver(outcome)
+
+
+def serves(task: str) -> bool:
+    """Whether this process has a handler for ``task`` (the registry resolves it)."""
+    try:
+        get_task(task)
+    except UnknownTask:
+        return False
+    return True
 
 
 def _handler_of(task: str) -> Callable[..., Any] | None:
