@@ -5,10 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+from importlib import import_module
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
-from django.core.checks import Error, Tags, register
+from django.core.checks import Error, Tags, Warning, register
 from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.utils import load_backend
@@ -151,6 +153,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("PREFETCH", 0, True),
         ("PRUNE_BATCH_SIZE", 1, True),
         ("PRUNE_BATCHES_PER_PASS", 1, True),
+        ("UNKNOWN_TASK_DELAY_SECONDS", 0, False),
     ]:
         problem = _number(name, getattr(s, name), minimum=minimum, integer=integer)
         if problem:
@@ -262,3 +265,54 @@ def _retention_problems(retention: Any) -> list[str]:
                 f"None (keep forever), got {keep!r}."
             )
     return problems
+
+
+@register()
+def check_task_modules(app_configs: Any = None, **kwargs: Any) -> list:
+    """Each ``TASK_MODULES`` entry of an installed app imports (pgqueue.W001), and each
+    entry but the default is a module of some installed app (pgqueue.W002).
+
+    A worker whose tasks module failed to import has no handler for its tasks: it gives
+    their jobs back (they wait) instead of running them. An app without such a module is
+    fine: that is ``ModuleNotFoundError`` naming the module itself, whereas one raised for
+    another name (a missing dependency imported inside it) is a failure of the module.
+    """
+    modules = pgqueue_settings.TASK_MODULES
+    if not isinstance(modules, list | tuple):
+        return []  # check_settings reports it
+    warnings: list = []
+    for module in modules:
+        if not isinstance(module, str):
+            continue
+        found = False
+        for app_config in apps.get_app_configs():
+            name = f"{app_config.name}.{module}"
+            try:
+                import_module(name)
+            except ModuleNotFoundError as exc:
+                if exc.name == name:
+                    continue  # the app simply has no such module
+                warnings.append(_task_module_warning(name, exc))
+            except Exception as exc:
+                warnings.append(_task_module_warning(name, exc))
+            found = True
+        if not found and module not in DEFAULTS["TASK_MODULES"]:
+            warnings.append(
+                Warning(
+                    f"PGQUEUE['TASK_MODULES'] names {module!r}, a module of no installed app.",
+                    hint="A misspelt entry registers no task: workers then have no handler "
+                    "for the tasks and give their jobs back to wait instead of running them.",
+                    id="pgqueue.W002",
+                )
+            )
+    return warnings
+
+
+def _task_module_warning(name: str, exc: BaseException) -> Warning:
+    return Warning(
+        f"The tasks module {name!r} (PGQUEUE['TASK_MODULES']) raises on import: "
+        f"{type(exc).__name__}: {exc}",
+        hint="Fix the module: until it imports, workers have no handler for its tasks and "
+        "give their jobs back to wait instead of running them.",
+        id="pgqueue.W001",
+    )

@@ -48,6 +48,10 @@ DEFAULTS: dict[str, Any] = {
     # to 5 s, jittered: about 20 s in all at the default), before it exits with status 1
     # and the reason on one line of stderr. Once running, it retries for as long as it takes.
     "CONNECT_ATTEMPTS": 10,
+    # Seconds a job waits in 'scheduled' after a worker that has no handler for its task
+    # claimed it and gave it back (the attempt not counted), so that such workers do not
+    # take it again and again while one that has the task can.
+    "UNKNOWN_TASK_DELAY_SECONDS": 60.0,
     # The LISTEN/NOTIFY channel workers wake on.
     "NOTIFY_CHANNEL": "pgqueue",
     # Modules looked up in every installed app for @pgqueue.task definitions.

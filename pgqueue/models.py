@@ -13,6 +13,14 @@ from django.db.models.functions import Now
 
 NAME_MAX = 64
 
+#: The bounds of a weight (``Tenant.weight``, ``QueueWeight.weight``), inclusive. Every
+#: promotion and enqueue divides by the weight: outside them ``1 / weight`` overflows
+#: float8 (1e-308) or makes a tenant's vtime stand still (1e300), and a tenant's share
+#: over a weight-1 tenant is already a million to one at the bounds.
+MIN_WEIGHT = 0.001
+MAX_WEIGHT = 1000.0
+_WEIGHT_IN_RANGE = Q(weight__gte=MIN_WEIGHT, weight__lte=MAX_WEIGHT)
+
 
 class Status(models.TextChoices):
     SCHEDULED = "scheduled"  # waiting for run_at (a delay or a retry backoff)
@@ -40,7 +48,7 @@ class Tenant(models.Model):
     class Meta:
         db_table = "pgqueue_tenant"
         constraints = [
-            models.CheckConstraint(condition=Q(weight__gt=0), name="pgqueue_tenant_weight_gt_0"),
+            models.CheckConstraint(condition=_WEIGHT_IN_RANGE, name="pgqueue_tenant_weight_range"),
         ]
 
     def __str__(self) -> str:
@@ -61,7 +69,7 @@ class QueueWeight(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "queue"], name="pgqueue_queue_weight_uniq"),
             models.CheckConstraint(
-                condition=Q(weight__gt=0), name="pgqueue_queue_weight_weight_gt_0"
+                condition=_WEIGHT_IN_RANGE, name="pgqueue_queue_weight_weight_range"
             ),
         ]
 
@@ -147,6 +155,13 @@ class Job(models.Model):
             # JOB_PROMOTE_DUE: scheduled jobs by when they become runnable.
             models.Index(
                 fields=["run_at"], condition=Q(status="scheduled"), name="pgqueue_job_scheduled"
+            ),
+            # JOB_PROMOTE_DUE: the levels (queue, tenant, priority) with scheduled jobs, by a
+            # skip scan, and each level's due jobs in run_at order.
+            models.Index(
+                fields=["queue", "tenant", "priority", "run_at"],
+                condition=Q(status="scheduled"),
+                name="pgqueue_job_scheduled_level",
             ),
             # Per-tenant counts and listings (the API's /tenants, tenant keys, the admin).
             models.Index(fields=["tenant", "status"], name="pgqueue_job_tenant_status"),
@@ -302,6 +317,10 @@ class Worker(models.Model):
     host = models.CharField(max_length=255)
     pid = models.IntegerField()
     queues = models.JSONField(default=list)
+    #: The task names it can run (a family as ``"<family>:*"``), at most
+    #: ``store.WORKER_TASKS_MAX``;
+    #: NULL when not recorded (a worker of an older version, or one serving more).
+    tasks = models.JSONField(null=True, blank=True, default=None)
     concurrency = models.IntegerField()
     started_at = models.DateTimeField(db_default=Now())
     last_seen_at = models.DateTimeField(db_default=Now())

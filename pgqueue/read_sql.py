@@ -28,6 +28,8 @@ overview
 row_estimate                   TABLE_ROW_ESTIMATE (one pg_class row)                  no
 unserved_queues                QUEUE_UNSERVED: one probe of pgqueue_job_claim per     no
                                queue with runnable jobs, and pgqueue_worker
+unserved_tasks                 TASK_UNSERVED: pgqueue_worker, for the task names      no
+                               asked for (a page of the admin's job list)
 =============================  =====================================================  ======
 
 ``*``: all jobs of the tenants asked for, finished ones included: for a page of /tenants,
@@ -132,4 +134,25 @@ SELECT r.queue
           AND w.last_seen_at >= %(alive_since)s
           AND w.queues @> jsonb_build_array(r.queue))
  ORDER BY r.queue
+"""
+
+# -- name: TASK_UNSERVED
+# Of the task names %(tasks)s, those no live worker can run: none not stopped and seen at
+# or after %(alive_since)s lists the name, or its family ("<family>:*"), in its ``tasks``
+# (a JSON list). A worker whose ``tasks`` is NULL (not recorded: an older release, or more
+# names than it records) counts as serving every task, so that nothing is flagged wrongly.
+# Reads: pgqueue_worker only (pruned by maintenance to a day of rows), once per name
+#   asked for; no job row.
+# Called by reads.unserved_tasks for the admin's job list and job page.
+TASK_UNSERVED = """
+SELECT t.task
+  FROM unnest(%(tasks)s::text[]) AS t(task)
+ WHERE NOT EXISTS (
+       SELECT 1 FROM pgqueue_worker w
+        WHERE w.stopped_at IS NULL
+          AND w.last_seen_at >= %(alive_since)s
+          AND (w.tasks IS NULL
+               OR w.tasks @> jsonb_build_array(t.task)
+               OR w.tasks @> jsonb_build_array(split_part(t.task, ':', 1) || ':*')))
+ ORDER BY t.task
 """

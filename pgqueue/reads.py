@@ -363,6 +363,23 @@ def unserved_queues(now: dt.datetime | None = None, *, using: str = "default") -
         return [queue for (queue,) in cursor.fetchall()]
 
 
+def unserved_tasks(
+    tasks: Iterable[str], now: dt.datetime | None = None, *, using: str = "default"
+) -> set[str]:
+    """Of ``tasks``, those no live worker has a handler for (none alive lists them in its
+    ``tasks``): their jobs are given back by every worker that claims them, and wait.
+
+    TASK_UNSERVED: pgqueue_worker, for the names asked for.
+    """
+    names = sorted(set(tasks))
+    if not names:
+        return set()
+    params = {"tasks": names, "alive_since": alive_since(now or timezone.now())}
+    with connections[using].cursor() as cursor:
+        cursor.execute(read_sql.TASK_UNSERVED, params)
+        return {task for (task,) in cursor.fetchall()}
+
+
 # -- /stats ------------------------------------------------------------------------------
 
 

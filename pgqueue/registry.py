@@ -85,6 +85,12 @@ def registered_tasks() -> dict[str, RegisteredTask]:
     return dict(_registry)
 
 
+def served_names() -> list[str]:
+    """Every name this process can run, sorted: the tasks, and each family as
+    ``"<family>:*"`` (what a worker records in its registry row)."""
+    return sorted([*_registry, *(f"{family}:*" for family in _families)])
+
+
 def unregister(name: str) -> None:
     """Remove a task (for tests that register throwaway tasks)."""
     _registry.pop(name, None)

@@ -21,7 +21,7 @@ from django.utils import timezone
 from . import store
 from .conf import pgqueue_settings
 from .exceptions import InvalidJob, InvalidTransition, JobNotFound, PayloadTooLarge
-from .models import Job, Status
+from .models import MAX_WEIGHT, MIN_WEIGHT, Job, Status
 from .registry import RegisteredTask, get_task
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -93,10 +93,14 @@ def validate_max_attempts(value: Any) -> int:
 
 
 def validate_weight(value: Any) -> float:
+    """A weight within [MIN_WEIGHT, MAX_WEIGHT] (``models``; the CHECK constraints hold the
+    same bounds): outside them ``1 / weight`` overflows float8 or stops a tenant's clock."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidJob("weight", "must be a number greater than 0")
+        raise InvalidJob("weight", f"must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}")
     if not math.isfinite(value) or value <= 0:
         raise InvalidJob("weight", f"must be a finite number greater than 0, got {value}")
+    if not MIN_WEIGHT <= value <= MAX_WEIGHT:
+        raise InvalidJob("weight", f"must be from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, got {value:g}")
     return float(value)
 
 

@@ -373,6 +373,36 @@ WITH released AS (
 SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM released
 """
 
+# -- name: JOB_GIVE_BACK_MANY
+# Give back jobs a worker claimed and cannot run (it has no handler for their task): the
+# attempt is not counted, as in JOB_RELEASE_MANY, and the job waits %(delay)s seconds in
+# 'scheduled' (a fresh fair vtime when promoted, as after a backoff) so that the workers
+# without the task do not take it again at once, over and over, while one that has it
+# can. With a delay of 0 it is queued again at once with its old vtime, exactly a release.
+# Fenced like a completion. Notifies the queues of the jobs queued again.
+# Locks: the matched job rows, until the caller's transaction ends (autocommit: at once).
+# Index: pgqueue_job_pkey (PK lookups); the rows move from pgqueue_job_lease to
+#   pgqueue_job_scheduled (or, with no delay, pgqueue_job_claim).
+# Called by: store.give_back_many, from the worker runtime when it claims a job of a task
+#   it does not have.
+JOB_GIVE_BACK_MANY = f"""
+WITH given AS (
+    UPDATE pgqueue_job j
+       SET status = CASE WHEN %(delay)s::float8 > 0 THEN 'scheduled' ELSE 'queued' END,
+           run_at = CASE WHEN %(delay)s::float8 > 0
+                         THEN {NOW} + %(delay)s::float8 * interval '1 second'
+                         ELSE j.run_at END,
+           attempts = j.attempts - 1, lease_owner = NULL, lease_expires_at = NULL,
+           started_at = NULL
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
+     WHERE j.id = i.id AND j.attempts = i.attempt
+       AND j.status = 'running' AND j.lease_owner = %(worker)s
+    RETURNING j.id, j.queue, j.status
+)
+SELECT id, CASE WHEN status = 'queued' THEN pg_notify(%(channel)s, queue) END IS NULL
+  FROM given
+"""
+
 # -- name: JOB_REAP_EXPIRED
 # Recover jobs whose lease ran out before %(now)s (their worker died or stalled). Each
 # expiry counts as an attempt: back to scheduled with backoff, or dead when none are left,
@@ -412,20 +442,69 @@ history AS (
 SELECT id, status FROM reaped
 """
 
-# Promotion of the scheduled jobs that ``{due}`` selects; see JOB_PROMOTE_DUE.
-_PROMOTE = f"""
-WITH due AS MATERIALIZED (
-    SELECT id, queue, tenant, priority, run_at FROM pgqueue_job
-     WHERE {{due}}
-     ORDER BY run_at, id
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+# The levels (queue, tenant, priority) that hold a due scheduled job, in sorted order, at
+# most %(limit)s: a skip scan of pgqueue_job_scheduled_level (queue, tenant, priority,
+# run_at), each step one index probe for the next level after the last, then one probe of
+# the same index for the level's earliest run_at. The cost grows with the number of levels
+# that hold scheduled jobs, never with the number of jobs. Used by JOB_PROMOTE_DUE and
+# FAIR_CLOCK_ENSURE_DUE.
+_DUE_LEVELS = f"""
+levels(queue, tenant, priority) AS (
+    (SELECT queue, tenant, priority FROM pgqueue_job
+      WHERE status = 'scheduled'
+      ORDER BY queue, tenant, priority LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.tenant, n.priority
+      FROM levels l
+     CROSS JOIN LATERAL (
+           SELECT j.queue, j.tenant, j.priority FROM pgqueue_job j
+            WHERE j.status = 'scheduled'
+              AND (j.queue, j.tenant, j.priority) > (l.queue, l.tenant, l.priority)
+            ORDER BY j.queue, j.tenant, j.priority LIMIT 1) n
 ),
+due_levels AS MATERIALIZED (
+    SELECT l.queue, l.tenant, l.priority FROM levels l
+     WHERE EXISTS (SELECT 1 FROM pgqueue_job j
+                    WHERE j.status = 'scheduled' AND j.run_at <= {NOW}
+                      AND (j.queue, j.tenant, j.priority) = (l.queue, l.tenant, l.priority))
+     ORDER BY l.queue, l.tenant, l.priority
+     LIMIT %(limit)s
+)"""
+
+# The levels of the named scheduled jobs (%(ids)s). Used by JOB_PROMOTE_MANY and
+# FAIR_CLOCK_ENSURE_MANY.
+_NAMED_LEVELS = """
+due_levels AS MATERIALIZED (
+    SELECT DISTINCT queue, tenant, priority FROM pgqueue_job
+     WHERE status = 'scheduled' AND id = ANY(%(ids)s::bigint[])
+)"""
+
+# Promotion of the scheduled jobs of ``{levels}`` that ``{due}`` selects; see
+# JOB_PROMOTE_DUE. The clocks are locked first, and only the jobs of the clocks locked are
+# taken: a clock an open transaction holds delays its own level's jobs, no one else's.
+_PROMOTE = f"""
+WITH RECURSIVE {{levels}},
 clock AS MATERIALIZED (
     SELECT c.id, c.queue, c.tenant, c.priority FROM pgqueue_fair_clock c
-     WHERE (c.queue, c.tenant, c.priority) IN (SELECT queue, tenant, priority FROM due)
+     WHERE (c.queue, c.tenant, c.priority) IN (SELECT queue, tenant, priority FROM due_levels)
      ORDER BY c.queue, c.tenant, c.priority
        FOR UPDATE OF c SKIP LOCKED
+),
+candidate AS MATERIALIZED (
+    SELECT j.id, j.run_at FROM clock k
+     CROSS JOIN LATERAL (
+           SELECT id, run_at FROM pgqueue_job j
+            WHERE {{due}}
+              AND (j.queue, j.tenant, j.priority) = (k.queue, k.tenant, k.priority)
+            ORDER BY run_at, id
+            LIMIT %(limit)s) j
+     ORDER BY j.run_at, j.id
+     LIMIT %(limit)s
+),
+due AS MATERIALIZED (
+    SELECT j.id, j.queue, j.tenant, j.priority, j.run_at FROM pgqueue_job j
+     WHERE j.id IN (SELECT id FROM candidate) AND {{due}}
+       FOR UPDATE OF j SKIP LOCKED
 ),
 ranked AS (
     SELECT d.id, k.id AS clock_id,
@@ -457,25 +536,68 @@ promoted AS (
 SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM promoted ORDER BY id
 """
 
+_DUE_NOW = f"j.status = 'scheduled' AND j.run_at <= {NOW}"
+_DUE_NAMED = "j.status = 'scheduled' AND j.id = ANY(%(ids)s::bigint[])"
+
 # -- name: JOB_PROMOTE_DUE
 # Make scheduled jobs due by %(now)s runnable, assigning fresh fair vtimes (a job back
-# from a backoff does not jump the line). Notifies each queue.
-# Locks: the due jobs (SKIP LOCKED), then their tenants' clock rows in sorted (queue,
-#   tenant, priority) order with SKIP LOCKED: a clock held by an open enqueue transaction
-#   is skipped until the next run instead of waited on, and the fixed order means two
-#   promoters can never deadlock. Held until maintenance's transaction ends.
-# Indexes: pgqueue_job_scheduled (due jobs by run_at), pgqueue_fair_clock_uniq, and one
-#   tuple of pgqueue_job_claim / pgqueue_fair_clock_level for each level's head.
+# from a backoff does not jump the line), at most %(limit)s of them, the oldest first among
+# the levels promoted. Notifies each queue.
+# Shaped clocks first: the levels with due jobs (_DUE_LEVELS), their clock rows locked
+# SKIP LOCKED, and then the oldest due jobs of the clocks it got. A clock held by an open
+# enqueue transaction delays only its own level until the next run; taking the oldest due
+# jobs first and then skipping those of locked clocks (as this statement once did) let a
+# batch's worth of one tenant's due jobs behind a held clock stall every tenant's.
+# Locks: the fair-clock rows of up to %(limit)s levels with due jobs, in sorted (queue,
+#   tenant, priority) order with SKIP LOCKED, then the due jobs (SKIP LOCKED). Neither
+#   waits, so two promoters never deadlock, with each other or with an enqueue. Held
+#   until maintenance's transaction ends. A level whose clock row is missing is not
+#   promoted: FAIR_CLOCK_ENSURE_DUE, run just before, creates it.
+# Indexes: pgqueue_job_scheduled_level (the levels' skip scan and each level's due jobs
+#   in run_at order), pgqueue_fair_clock_uniq, pgqueue_job_pkey, and one tuple of
+#   pgqueue_job_claim / pgqueue_fair_clock_level for each level's head.
 # Called by: store.promote_due, from maintenance (one worker at a time).
-JOB_PROMOTE_DUE = _PROMOTE.format(due=f"status = 'scheduled' AND run_at <= {NOW}")
+JOB_PROMOTE_DUE = _PROMOTE.format(levels=_DUE_LEVELS, due=_DUE_NOW)
 
 # -- name: JOB_PROMOTE_MANY
 # JOB_PROMOTE_DUE for named scheduled jobs, whatever their run_at (retry, "run now").
 # Locks: as JOB_PROMOTE_DUE, until the operator action's transaction ends.
 # Indexes: pgqueue_job_pkey (the named rows), then as JOB_PROMOTE_DUE.
 # Called by: store.promote_ids, from services.retry_jobs / run_jobs_now, after
-#   JOB_RETRY_MANY / JOB_MAKE_DUE_MANY in the same transaction.
-JOB_PROMOTE_MANY = _PROMOTE.format(due="status = 'scheduled' AND id = ANY(%(ids)s::bigint[])")
+#   JOB_RETRY_MANY / JOB_MAKE_DUE_MANY and FAIR_CLOCK_ENSURE_MANY in the same transaction.
+JOB_PROMOTE_MANY = _PROMOTE.format(levels=_NAMED_LEVELS, due=_DUE_NAMED)
+
+# Creates the missing clock rows of ``{levels}``; see FAIR_CLOCK_ENSURE_DUE.
+_CLOCK_ENSURE = """
+WITH RECURSIVE {levels}
+INSERT INTO pgqueue_fair_clock (queue, tenant, priority, vtime)
+SELECT l.queue, l.tenant, l.priority, 0.0 FROM due_levels l
+ WHERE NOT EXISTS (SELECT 1 FROM pgqueue_fair_clock c
+                    WHERE (c.queue, c.tenant, c.priority) = (l.queue, l.tenant, l.priority))
+ ORDER BY l.queue, l.tenant, l.priority
+ON CONFLICT (queue, tenant, priority) DO NOTHING
+"""
+
+# -- name: FAIR_CLOCK_ENSURE_DUE
+# Create the clock row of each level with due jobs that has none (JOB_ENQUEUE_SCHEDULED
+# creates it, but a clock may have been deleted since), so that JOB_PROMOTE_DUE, which
+# promotes only the jobs of clocks it can lock, does not leave those jobs scheduled for
+# ever. A separate statement because a row inserted by one part of a statement is not
+# visible to the others: the promotion that follows must see it to lock it. The new
+# clock's vtime is 0: the promotion raises it to its level's head.
+# Locks: the new clock rows, until maintenance's transaction ends. DO NOTHING takes no lock
+#   on an existing row; it waits only for an uncommitted insert of the same clock (an
+#   enqueue creating it), until that transaction ends.
+# Indexes: pgqueue_job_scheduled_level (as JOB_PROMOTE_DUE), pgqueue_fair_clock_uniq.
+# Called by: store.promote_due, just before JOB_PROMOTE_DUE in maintenance's transaction.
+FAIR_CLOCK_ENSURE_DUE = _CLOCK_ENSURE.format(levels=_DUE_LEVELS)
+
+# -- name: FAIR_CLOCK_ENSURE_MANY
+# FAIR_CLOCK_ENSURE_DUE for the levels of named scheduled jobs.
+# Locks: as FAIR_CLOCK_ENSURE_DUE, until the operator action's transaction ends.
+# Indexes: pgqueue_job_pkey (the named rows), pgqueue_fair_clock_uniq.
+# Called by: store.promote_ids, just before JOB_PROMOTE_MANY.
+FAIR_CLOCK_ENSURE_MANY = _CLOCK_ENSURE.format(levels=_NAMED_LEVELS)
 
 # -- name: JOB_CANCEL_MANY
 # Cancel scheduled or queued jobs. A job being claimed at this instant is locked by the
@@ -565,16 +687,18 @@ SELECT pg_try_advisory_xact_lock(%(key)s)
 """
 
 # -- name: WORKER_REGISTER
-# A worker process records itself at start (or again, after a restart with the same id).
+# A worker process records itself at start (or again, after a restart with the same id or
+# a reconnect): its queues and the tasks it can run (a JSON list, or NULL when it serves
+# more than store.WORKER_TASKS_MAX), which the admin reads to flag jobs nobody can run.
 # Locks: the worker's row (PK upsert), until autocommit ends the statement.
 # Index: pgqueue_worker_pkey.
 # Called by: store.register_worker, from the worker runtime at start.
 WORKER_REGISTER = """
-INSERT INTO pgqueue_worker (id, host, pid, queues, concurrency)
-VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s)
+INSERT INTO pgqueue_worker (id, host, pid, queues, tasks, concurrency)
+VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(tasks)s::jsonb, %(concurrency)s)
 ON CONFLICT (id) DO UPDATE
    SET last_seen_at = now(), stopped_at = NULL, queues = EXCLUDED.queues,
-       concurrency = EXCLUDED.concurrency
+       tasks = EXCLUDED.tasks, concurrency = EXCLUDED.concurrency
 """
 
 # -- name: WORKER_STOP

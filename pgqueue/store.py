@@ -281,11 +281,14 @@ def reap_expired(
 def promote_due(
     cursor: Any, *, limit: int | None = None, now: dt.datetime | None = None
 ) -> list[int]:
-    """Make due scheduled jobs runnable with fresh vtimes (JOB_PROMOTE_DUE)."""
+    """Make due scheduled jobs runnable with fresh vtimes: two round trips,
+    FAIR_CLOCK_ENSURE_DUE then JOB_PROMOTE_DUE, in the caller's transaction."""
+    limit = limit or pgqueue_settings.MAINTENANCE_BATCH_SIZE
+    cursor.execute(sql.FAIR_CLOCK_ENSURE_DUE, {"limit": limit, "now": now})
     cursor.execute(
         sql.JOB_PROMOTE_DUE,
         {
-            "limit": limit or pgqueue_settings.MAINTENANCE_BATCH_SIZE,
+            "limit": limit,
             "now": now,
             "fifo": fifo_param(),
             "channel": pgqueue_settings.NOTIFY_CHANNEL,
@@ -295,7 +298,9 @@ def promote_due(
 
 
 def promote_ids(cursor: Any, ids: Sequence[int]) -> list[int]:
-    """Make the named scheduled jobs runnable now (JOB_PROMOTE_MANY)."""
+    """Make the named scheduled jobs runnable now: two round trips,
+    FAIR_CLOCK_ENSURE_MANY then JOB_PROMOTE_MANY, in the caller's transaction."""
+    cursor.execute(sql.FAIR_CLOCK_ENSURE_MANY, {"ids": list(ids)})
     cursor.execute(
         sql.JOB_PROMOTE_MANY,
         {
@@ -351,6 +356,25 @@ def release_many(cursor: Any, *, worker: str, held: Sequence[tuple[int, int]]) -
     return set(_ids(cursor.fetchall()))
 
 
+def give_back_many(
+    cursor: Any, *, worker: str, held: Sequence[tuple[int, int]], delay: float
+) -> set[int]:
+    """Give back claimed ``(job id, attempt)`` pairs the worker cannot run, the attempt not
+    counted, runnable again in ``delay`` seconds (JOB_GIVE_BACK_MANY)."""
+    cursor.execute(
+        sql.JOB_GIVE_BACK_MANY,
+        {
+            "worker": worker,
+            "ids": [h[0] for h in held],
+            "attempts": [h[1] for h in held],
+            "delay": float(delay),
+            "now": None,
+            "channel": pgqueue_settings.NOTIFY_CHANNEL,
+        },
+    )
+    return set(_ids(cursor.fetchall()))
+
+
 #: The advisory lock key of maintenance ("pgqueue" in ASCII, as a bigint).
 MAINTENANCE_LOCK_KEY = int.from_bytes(b"pgqueue", "big")
 
@@ -360,9 +384,24 @@ def try_maintenance_lock(cursor: Any) -> bool:
     return bool(cursor.fetchone()[0])
 
 
+#: Most task names a worker records in its registry row (``Worker.tasks``); a worker
+#: serving more records none (NULL: "not recorded", read as serving every task).
+WORKER_TASKS_MAX = 1000
+
+
 def register_worker(
-    cursor: Any, *, worker: str, host: str, pid: int, queues: Sequence[str], concurrency: int
+    cursor: Any,
+    *,
+    worker: str,
+    host: str,
+    pid: int,
+    queues: Sequence[str],
+    concurrency: int,
+    tasks: Sequence[str] | None = None,
 ) -> None:
+    """Record the worker (WORKER_REGISTER); ``tasks`` None, or more than
+    ``WORKER_TASKS_MAX`` of them, is recorded as NULL: not known."""
+    recorded = None if tasks is None or len(tasks) > WORKER_TASKS_MAX else list(tasks)
     cursor.execute(
         sql.WORKER_REGISTER,
         {
@@ -370,6 +409,7 @@ def register_worker(
             "host": host,
             "pid": pid,
             "queues": json.dumps(list(queues)),
+            "tasks": None if recorded is None else json.dumps(recorded),
             "concurrency": concurrency,
         },
     )

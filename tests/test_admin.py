@@ -154,17 +154,21 @@ class TestJobChangelist:
     def test_renders_badge_tenant_task_attempts_age_and_run_time(self, admin_client):
         queued = make_job("queued", tenant="acme")
         done = make_job("done", tenant="beta")
+        # A live worker serving the task: the task cell is the task alone (no flag).
+        Worker.objects.create(
+            id="w", host="h", pid=1, queues=["default"], tasks=["test.echo"], concurrency=1
+        )
         response = admin_client.get(JOBS)
         assert response.status_code == 200
         html = response.content.decode()
 
         cells = row_cells(html, queued)
-        assert set(cells) >= {"id", "status_badge", "tenant_name", "task", "tries", "age"}
+        assert set(cells) >= {"id", "status_badge", "tenant_name", "task_served", "tries", "age"}
         assert "<span" in cells["status_badge"]
         assert admin_jobs.STATUS_COLOURS[Status.QUEUED] in cells["status_badge"]
         assert text(cells["status_badge"]) == "queued"
         assert text(cells["tenant_name"]) == "acme"
-        assert text(cells["task"]) == "test.echo"
+        assert text(cells["task_served"]) == "test.echo"
         assert text(cells["tries"]) == "0/5"
         assert DURATION.match(text(cells["age"])), cells["age"]
         assert text(cells["run_time"]) == "—"

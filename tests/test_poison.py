@@ -10,14 +10,16 @@ needs to hand the loop an outcome no handler can produce.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 import pytest
 from django.test import override_settings
+from django.utils import timezone
 
 import pgqueue
 from pgqueue import checks, store
-from pgqueue.models import Job, JobAttempt, Tenant
+from pgqueue.models import Job, JobAttempt
 from pgqueue.worker import WorkerLoop
 from pgqueue.worker.executor import HandlerOutcome
 from tests.workers import STARTUP, StartWorker, wait_for
@@ -158,15 +160,21 @@ def test_a_statement_the_database_refuses_is_recorded_row_by_row(
 def test_an_error_in_maintenance_does_not_stop_the_worker(workers: StartWorker) -> None:
     """A data error in maintenance is logged with its traceback; the worker runs on.
 
-    A tenant weight of 1e-308 makes promotion's vtime overflow float8 (two of its jobs at
-    1e308 each), so every maintenance pass fails while that tenant's delayed jobs are due.
-    Before the fix the worker exited 1 on the first pass. Now other work still runs, the
-    error is in the log with its traceback, and once the weight is fixed the next pass
-    promotes the jobs.
+    A job whose lease expired after its second attempt, under a ``BACKOFF_BASE`` of 1e308,
+    makes the reaper's backoff (base * 2) overflow float8, so every maintenance pass fails
+    (its transaction rolls back, promotion with it) while that job is there. (The poison
+    used to be a tenant weight of 1e-308, which the weight bounds now refuse.) Before the
+    fix the worker exited 1 on the first pass. Now other work still runs, the error is in
+    the log with its traceback, and once the job is out of the way the next pass promotes
+    the delayed jobs.
     """
     delayed_ids = pgqueue.enqueue_many("test.noop", [1, 2], tenant="tiny", delay=0.2)
-    Tenant.objects.filter(name="tiny").update(weight=1e-308)
-    w = workers(settings={"MAINTENANCE_SECONDS": 0.1, "POLL_SECONDS": 0.1})
+    poison, _ = pgqueue.enqueue("test.noop", {}, tenant="tiny")
+    expired = timezone.now() - dt.timedelta(hours=1)
+    Job.objects.filter(pk=poison.id).update(
+        status="running", attempts=2, lease_owner="gone", lease_expires_at=expired
+    )
+    w = workers(settings={"MAINTENANCE_SECONDS": 0.1, "POLL_SECONDS": 0.1, "BACKOFF_BASE": 1e308})
     w.registered()
     wait_for(lambda: "event=maintenance_error" in w.log(), 20, "a failed maintenance pass")
     assert "Traceback (most recent call last)" in w.log()
@@ -178,11 +186,13 @@ def test_an_error_in_maintenance_does_not_stop_the_worker(workers: StartWorker) 
         "scheduled",
     ]
 
-    Tenant.objects.filter(name="tiny").update(weight=1)
+    Job.objects.filter(pk=poison.id).update(
+        status="cancelled", lease_owner=None, lease_expires_at=None
+    )
     wait_for(
         lambda: Job.objects.filter(id__in=delayed_ids, status="done").count() == 2,
         STARTUP,
-        "the delayed jobs, once their tenant's weight is fixed",
+        "the delayed jobs, once the poisoned job is out of the way",
     )
 
 

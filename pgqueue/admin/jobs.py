@@ -28,6 +28,9 @@ from .common import (
     timestamp,
 )
 
+#: The statuses of jobs waiting to run, which a task no worker serves keeps waiting.
+WAITING = (Status.SCHEDULED, Status.QUEUED)
+
 STATUS_COLOURS = {
     Status.SCHEDULED: "#6c757d",
     Status.QUEUED: "#0d6efd",
@@ -148,7 +151,7 @@ class JobAdmin(admin.ModelAdmin):
         "id",
         "status_badge",
         "tenant_name",
-        "task",
+        "task_served",
         "queue",
         "priority",
         "tries",
@@ -173,7 +176,10 @@ class JobAdmin(admin.ModelAdmin):
     inlines = [AttemptInline]
     change_form_template = "admin/pgqueue/job/change_form.html"
     fieldsets = [
-        (None, {"fields": ["id", "task", "tenant_name", "queue", "status_badge", "priority"]}),
+        (
+            None,
+            {"fields": ["id", "task_served", "tenant_name", "queue", "status_badge", "priority"]},
+        ),
         ("Data", {"fields": ["payload_pretty", "result_pretty", "last_error"]}),
         (
             "Attempts and timing",
@@ -195,7 +201,7 @@ class JobAdmin(admin.ModelAdmin):
     ]
     readonly_fields = [
         "id",
-        "task",
+        "task_served",
         "tenant_name",
         "queue",
         "status_badge",
@@ -288,6 +294,35 @@ class JobAdmin(admin.ModelAdmin):
         job = self.get_object(request, object_id)
         context = {**(extra_context or {}), "job_buttons": self.job_buttons(request, job)}
         return super().change_view(request, object_id, form_url, context)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """The list, with each waiting job of a task no live worker serves marked as such:
+        one read for the page's tasks (``reads.unserved_tasks``), not one per row."""
+        changelist = super().get_changelist_instance(request)
+        jobs = list(changelist.result_list)
+        unserved = reads.unserved_tasks(j.task for j in jobs if j.status in WAITING)
+        for job in jobs:
+            job.pgq_unserved = job.task in unserved
+        return changelist
+
+    @admin.display(description="task", ordering="task")
+    def task_served(self, obj: Job) -> str:
+        """The task, and for a job waiting to run, "no worker serves this task" when no
+        live worker has a handler for it: it waits however long the backlog looks."""
+        if obj.status not in WAITING:
+            return obj.task
+        unserved = getattr(obj, "pgq_unserved", None)
+        if unserved is None:  # the job's page: this job alone
+            unserved = obj.task in reads.unserved_tasks([obj.task])
+        if not unserved:
+            return obj.task
+        return format_html(
+            '{} <span class="pgq-unserved" style="background:#dc3545;color:#fff;padding:1px 7px;'
+            'border-radius:9px;font-size:11px;font-weight:600" title="No live worker has a '
+            'handler for this task: each gives its jobs back, and they wait.">'
+            "no worker serves this task</span>",
+            obj.task,
+        )
 
     @admin.display(description="tenant", ordering="tenant_id")
     def tenant_name(self, obj: Job) -> str:

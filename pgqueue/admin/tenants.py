@@ -12,7 +12,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from .. import reads, services
-from ..models import Tenant
+from ..models import MAX_WEIGHT, MIN_WEIGHT, Tenant
 
 
 class TenantForm(forms.ModelForm):
@@ -33,7 +33,12 @@ class TenantForm(forms.ModelForm):
         weight = self.cleaned_data["weight"]
         if weight is None or not weight > 0:
             raise forms.ValidationError("The weight must be greater than 0.")
-        return weight
+        try:
+            return services.validate_weight(weight)
+        except services.InvalidJob:
+            raise forms.ValidationError(
+                f"The weight must be from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}."
+            ) from None
 
 
 @admin.register(Tenant)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from ..models import Job, Status
-from ..services import MAX_BATCH, MAX_DELAY_SECONDS
+from ..services import MAX_BATCH, MAX_DELAY_SECONDS, MAX_WEIGHT, MIN_WEIGHT
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -141,7 +141,9 @@ class TenantListSerializer(serializers.Serializer):
 
 
 class WeightRequest(serializers.Serializer):
-    weight = serializers.FloatField(help_text="> 0")
+    weight = serializers.FloatField(
+        min_value=MIN_WEIGHT, max_value=MAX_WEIGHT, help_text=f"{MIN_WEIGHT:g} to {MAX_WEIGHT:g}"
+    )
     queue = serializers.CharField(required=False, help_text="override in this queue only")
 
 

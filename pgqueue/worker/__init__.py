@@ -1,14 +1,17 @@
 """The worker runtime behind ``manage.py runworker``.
 
 One module per duty: ``runtime`` (``WorkerLoop``, the loop of one process: claim for free
-slots, record outcomes, heartbeats, shutdown), ``executor`` (running one job's handler on a
-thread and turning its return or raise into a ``HandlerOutcome``), ``listener``
-(LISTEN/NOTIFY wake-ups), ``maintenance`` (rescuing expired leases, promoting due jobs,
-pruning dead worker rows, folding task stats), ``supervisor`` (several processes under one
-parent), ``context`` (what a handler sees) and ``connection`` (the worker's own connections).
+slots, hand jobs to the executor, heartbeats, shutdown), ``recorder`` (``OutcomeRecorder``:
+writing a batch of outcomes, fenced, one by one when the database refuses the batch, and
+logging them), ``executor`` (running one job's handler on a thread and turning its return or
+raise into a ``HandlerOutcome``), ``listener`` (LISTEN/NOTIFY wake-ups), ``maintenance``
+(rescuing expired leases, promoting due jobs, pruning dead worker rows, folding task stats),
+``supervisor`` (several processes under one parent), ``context`` (what a handler sees) and
+``connection`` (the worker's own connections, the reconnect policy, ``DatabaseUnreachable``).
 """
 
+from .connection import DatabaseUnreachable
 from .context import JobContext
-from .runtime import DatabaseUnreachable, WorkerLoop
+from .runtime import WorkerLoop
 
 __all__ = ["DatabaseUnreachable", "JobContext", "WorkerLoop"]

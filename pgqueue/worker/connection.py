@@ -7,10 +7,29 @@ transaction state) with handlers that use the ORM on other threads.
 
 from __future__ import annotations
 
+import logging
+import random
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from django.db import connections
+
+logger = logging.getLogger("pgqueue.worker")
+
+# Errors after which a connection is presumed broken and is made again.
+CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+
+
+class DatabaseUnreachable(Exception):
+    """The worker could not reach the database at start-up (a connection error each try)."""
+
+    def __init__(self, attempts: int, reason: str) -> None:
+        super().__init__(f"cannot reach the database after {attempts} attempt(s): {reason}")
+        self.attempts = attempts
+        self.reason = reason
+
 
 # Django-specific keys of get_connection_params() that psycopg.connect does not take, or
 # that the worker sets itself (it uses server-side binding and prepared statements).
@@ -27,3 +46,45 @@ def connect_params(alias: str = "default", application_name: str = "pgqueue") ->
 
 def connect(params: dict[str, Any], *, autocommit: bool = True) -> psycopg.Connection:
     return psycopg.connect(**params, autocommit=autocommit, connect_timeout=10)
+
+
+def connect_until_up(
+    params: dict[str, Any],
+    *,
+    stopping: threading.Event,
+    on_connect: Callable[[psycopg.Connection], None],
+    attempts: int | None = None,
+) -> psycopg.Connection | None:
+    """A connection, retried with jittered backoff (0.1 s doubling to 5 s) while it fails.
+
+    ``on_connect`` runs on each new connection (the worker registers itself); a connection
+    error in it counts as a failed try. Returns None, at once, when ``stopping`` is set
+    first: the waits between tries are on that event, so SIGTERM is honoured even while the
+    database is down. After ``attempts`` failed tries (None: no bound) raises
+    ``DatabaseUnreachable``.
+    """
+    delay = 0.1
+    tried = 0
+    while not stopping.is_set():
+        db: psycopg.Connection | None = None
+        try:
+            db = connect(params)
+            on_connect(db)
+            return db
+        except CONNECTION_ERRORS as exc:
+            if db is not None:
+                db.close()
+            tried += 1
+            reason = " ".join(str(exc).split())
+            if attempts is not None and tried >= attempts:
+                raise DatabaseUnreachable(tried, reason) from exc
+            logger.warning("event=db_unavailable error=%r retry_in=%.1fs", reason, delay)
+            stopping.wait(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 5.0)
+    return None
+
+
+def error_text(exc: BaseException) -> str:
+    """A database error on one line: its class and first line of message (for logs)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from django.db import close_old_connections
 
 from ..conf import pgqueue_settings
-from ..exceptions import PermanentError
+from ..exceptions import PermanentError, UnknownTask
 from ..log import job_context
 from ..registry import get_task
 from ..store import ClaimedJob
@@ -215,6 +215,15 @@ class JobExecutor:
             return await awaitable
 
         return self._event_loop().submit(wait()).result()
+
+
+def serves(task: str) -> bool:
+    """Whether this process has a handler for ``task`` (the registry resolves it)."""
+    try:
+        get_task(task)
+    except UnknownTask:
+        return False
+    return True
 
 
 def _handler_of(task: str) -> Callable[..., Any] | None:

@@ -25,26 +25,21 @@ import psycopg
 
 from .. import store
 from ..conf import pgqueue_settings
-from .connection import connect, connect_params
+from ..registry import served_names
+from .connection import (
+    CONNECTION_ERRORS,
+    connect,
+    connect_params,
+    connect_until_up,
+    error_text,
+)
 from .context import JobContext
-from .executor import ERROR_MAX_BYTES, HandlerOutcome, JobExecutor, storable_text
+from .executor import HandlerOutcome, JobExecutor, serves
 from .listener import Listener
 from .maintenance import run_maintenance
+from .recorder import OutcomeRecorder
 
 logger = logging.getLogger("pgqueue.worker")
-
-
-class DatabaseUnreachable(Exception):
-    """The worker could not reach the database at start-up (a connection error each try)."""
-
-    def __init__(self, attempts: int, reason: str) -> None:
-        super().__init__(f"cannot reach the database after {attempts} attempt(s): {reason}")
-        self.attempts = attempts
-        self.reason = reason
-
-
-# Errors after which the bookkeeping connection is presumed broken and is made again.
-CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
 class WorkerLoop:
@@ -72,8 +67,7 @@ class WorkerLoop:
         self.burst = burst
         self.max_jobs = max_jobs
         self.alias = alias
-        host = socket.gethostname()
-        self.host = host
+        self.host = host = socket.gethostname()
         self.id = worker_id or f"{host}:{os.getpid()}:{os.urandom(3).hex()}"
         self.lease = float(pgqueue_settings.LEASE_SECONDS)
         self.heartbeat_every = pgqueue_settings.heartbeat_seconds
@@ -94,7 +88,12 @@ class WorkerLoop:
         self.in_flight: dict[int, JobContext] = {}
         self.pending: list[HandlerOutcome] = []  # taken from the queue, not yet recorded
         self.claimed_total = 0
-        self.finished_total = 0
+        self.tasks = served_names()
+        self.recorder = OutcomeRecorder(
+            self.id,
+            served=len(self.tasks),
+            unknown_task_delay=float(pgqueue_settings.UNKNOWN_TASK_DELAY_SECONDS),
+        )
         self._heartbeat_requested = threading.Event()
         self._heartbeat_done = threading.Condition()
         self._heartbeat_round = 0
@@ -144,6 +143,12 @@ class WorkerLoop:
             self.prefetch,
             self.batch_size,
         )
+        logger.info(
+            "event=worker_tasks worker=%s count=%d tasks=%s",
+            self.id,
+            len(self.tasks),
+            ",".join(self.tasks) or "-",
+        )
         next_heartbeat = time.monotonic() + self.heartbeat_every
         next_maintenance = time.monotonic()
         try:
@@ -190,12 +195,14 @@ class WorkerLoop:
 
         Returns True when the claim filled every slot it asked for (more may be waiting).
         """
+        assert self.db is not None
+        if self.recorder.unrunnable:  # a give-back a lost connection interrupted
+            self.recorder.give_back(self.db)
         self._take_outcomes()
         want = self._want()
         if not self.pending and not want:
             return False
-        assert self.db is not None
-        successes, failures = self._split(self.pending)
+        successes, failures = self.recorder.split(self.pending)
         # The steady state, nothing failed: one statement records the successes and claims
         # (one round trip, one commit). A failure is written by a statement of its own; then
         # the outcomes are written first and the claim follows, in one transaction.
@@ -206,7 +213,7 @@ class WorkerLoop:
         try:
             with atomic, self.db.cursor() as cur:
                 if not fused:
-                    recorded = self._record(cur, self.pending)
+                    recorded = self.recorder.record(cur, self.pending)
                 if want:
                     recorded_too, claimed = self._claim(cur, want, successes if fused else [])
                     recorded |= recorded_too
@@ -219,15 +226,15 @@ class WorkerLoop:
             logger.error(
                 "event=batch_refused jobs=%s error=%r action=record_one_by_one",
                 ",".join(str(o.ctx.id) for o in self.pending),
-                _error_text(exc),
+                error_text(exc),
             )
             had_outcomes = bool(self.pending)
-            self._record_one_by_one()
+            self.recorder.record_one_by_one(self.db, self.pending)
             self._burst_idle = False
             # Claim again at once after recording; a refused claim waits for the next poll.
             return had_outcomes
         # Committed: the outcomes are durable and the claims are ours.
-        self._log_outcomes(self.pending, recorded)
+        self.recorder.log(self.pending, recorded)
         self.pending = []
         self._dispatch(claimed)
         self._burst_idle = want > 0 and not claimed
@@ -304,13 +311,9 @@ class WorkerLoop:
         unstarted = self.executor.take_unstarted()
         if unstarted:
             assert self.db is not None
-            with self.db.cursor() as cur:
-                released = store.release_many(
-                    cur, worker=self.id, held=[(c.id, c.attempt) for c in unstarted]
-                )
+            self.recorder.release(self.db, unstarted)
             for ctx in unstarted:
                 self.in_flight.pop(ctx.id, None)
-            logger.info("event=released_unstarted count=%d", len(released))
         self._released = True
 
     def _want(self) -> int:
@@ -323,7 +326,7 @@ class WorkerLoop:
         return max(want, 0)
 
     def _finished(self, claimed_all: bool) -> bool:
-        if self.in_flight or self.pending or not self.outcomes.empty():
+        if self.in_flight or self.pending or self.recorder.unrunnable or not self.outcomes.empty():
             return False
         if self.stopping.is_set():
             return True
@@ -333,127 +336,22 @@ class WorkerLoop:
 
     _burst_idle = False
 
-    # -- recording ------------------------------------------------------------------------
-
-    @staticmethod
-    def _split(
-        outcomes: list[HandlerOutcome],
-    ) -> tuple[list[tuple[int, int, str | None]], list[store.Failure]]:
-        """Successes and failures to write; a lost job's outcome is not written at all."""
-        successes = [
-            (o.ctx.id, o.ctx.attempt, o.result_json) for o in outcomes if o.ok and not o.ctx.lost
-        ]
-        failures = [
-            store.Failure(o.ctx.id, o.ctx.attempt, o.error or "", o.traceback, o.permanent)
-            for o in outcomes
-            if not o.ok and not o.ctx.lost
-        ]
-        return successes, failures
-
-    def _record(self, cur: Any, outcomes: list[HandlerOutcome]) -> set[int]:
-        """Write outcomes (fenced); returns the ids whose outcome was recorded."""
-        successes, failures = self._split(outcomes)
-        recorded: set[int] = set()
-        if successes:
-            recorded |= store.complete_many(cur, worker=self.id, results=successes)
-        if failures:
-            recorded |= set(store.fail_many(cur, worker=self.id, failures=failures))
-        return recorded
-
-    def _record_one_by_one(self) -> None:
-        """Record each pending outcome in a transaction of its own, and log it.
-
-        An outcome the database refuses is logged at ERROR with its job and replaced by a
-        failed attempt whose error says why, which is storable; if even that is refused,
-        the job is left to its lease (it runs again). A lost connection stops the walk
-        (the outcomes not yet recorded stay pending for the next turn).
-        """
-        assert self.db is not None
-        while self.pending:
-            outcome = self.pending[0]
-            try:
-                recorded = self._record_in_transaction([outcome])
-            except CONNECTION_ERRORS:
-                raise
-            except psycopg.Error as exc:
-                ctx = outcome.ctx
-                reason = _error_text(exc)
-                logger.error(
-                    "job=%d task=%s tenant=%s attempt=%d event=outcome_refused error=%r "
-                    "action=record_as_failed",
-                    ctx.id,
-                    ctx.task,
-                    ctx.tenant,
-                    ctx.attempt,
-                    reason,
-                )
-                outcome = HandlerOutcome(
-                    ctx,
-                    ok=False,
-                    error=storable_text(f"outcome not storable: {reason}", ERROR_MAX_BYTES),
-                    traceback=None,
-                    duration=outcome.duration,
-                )
-                try:
-                    recorded = self._record_in_transaction([outcome])
-                except CONNECTION_ERRORS:
-                    raise
-                except psycopg.Error as again:
-                    logger.error(
-                        "job=%d attempt=%d event=outcome_refused error=%r "
-                        "action=left_to_lease_recovery",
-                        ctx.id,
-                        ctx.attempt,
-                        _error_text(again),
-                    )
-                    self.pending.pop(0)
-                    self.finished_total += 1  # logged above, not as fenced out
-                    continue
-            self.pending.pop(0)
-            self._log_outcomes([outcome], recorded)
-
-    def _record_in_transaction(self, outcomes: list[HandlerOutcome]) -> set[int]:
-        assert self.db is not None
-        with self.db.transaction(), self.db.cursor() as cur:
-            return self._record(cur, outcomes)
-
-    def _log_outcomes(self, outcomes: list[HandlerOutcome], recorded: set[int]) -> None:
-        for o in outcomes:
-            self.finished_total += 1
-            ctx = o.ctx
-            if ctx.id not in recorded:
-                logger.warning(
-                    "job=%d task=%s tenant=%s queue=%s attempt=%d outcome=discarded "
-                    "reason=lease_lost duration_ms=%.1f",
-                    ctx.id,
-                    ctx.task,
-                    ctx.tenant,
-                    ctx.queue,
-                    ctx.attempt,
-                    o.duration * 1000,
-                )
-            elif logger.isEnabledFor(logging.INFO):
-                outcome = "done" if o.ok else ("dead" if o.permanent else "failed")
-                if not o.ok and not o.permanent and ctx.attempt >= ctx.max_attempts:
-                    outcome = "dead"
-                logger.info(
-                    "job=%d task=%s tenant=%s queue=%s attempt=%d outcome=%s duration_ms=%.1f%s",
-                    ctx.id,
-                    ctx.task,
-                    ctx.tenant,
-                    ctx.queue,
-                    ctx.attempt,
-                    outcome,
-                    o.duration * 1000,
-                    "" if o.ok else f" error={o.error!r}",
-                )
+    @property
+    def finished_total(self) -> int:
+        """Jobs whose outcome the loop is done with (the recorder counts them)."""
+        return self.recorder.finished
 
     # -- handing jobs to the executor -----------------------------------------------------
 
     def _dispatch(self, claimed: list[store.ClaimedJob]) -> None:
         for job in claimed:
+            if not serves(job.task):
+                self.recorder.unrunnable.append(job)  # given back below, uncounted
+                continue
             self.in_flight[job.id] = self.executor.start(job)
             self.claimed_total += 1
+        if self.recorder.unrunnable:
+            self.recorder.give_back(self.db)
 
     def _deliver(self, outcome: HandlerOutcome) -> None:
         """Called on a handler thread when a job ends: the loop records it next turn."""
@@ -475,7 +373,7 @@ class WorkerLoop:
             raise
         except psycopg.Error as exc:
             logger.exception(
-                "event=maintenance_error error=%r action=retry_next_pass", _error_text(exc)
+                "event=maintenance_error error=%r action=retry_next_pass", error_text(exc)
             )
 
     # -- heartbeats -----------------------------------------------------------------------
@@ -492,6 +390,7 @@ class WorkerLoop:
         self._heartbeat_requested.clear()
         contexts = [*self.in_flight.values(), *(o.ctx for o in self.pending)]
         held = [(c.id, c.attempt) for c in contexts if not c.lost]
+        held += [(j.id, j.attempt) for j in self.recorder.unrunnable]
         assert self.db is not None
         with self.db.cursor() as cur:
             kept = store.heartbeat_many(cur, worker=self.id, held=held, lease_seconds=self.lease)
@@ -510,36 +409,21 @@ class WorkerLoop:
     # -- connection, registry, shutdown ---------------------------------------------------
 
     def _connect_until_up(self, attempts: int | None = None) -> bool:
-        """(Re)make the bookkeeping connection, retrying with backoff while it fails.
+        """(Re)make the bookkeeping connection and register; False if stopped first.
 
-        Returns False, at once, when a stop is requested first: the waits between tries
-        are on the stopping event, so SIGTERM is honoured even while the database is down.
-        After ``attempts`` failed tries (None: no bound) raises ``DatabaseUnreachable``.
+        The retry policy is ``connection.connect_until_up``'s.
         """
         if self.db is not None:
             with contextlib.suppress(psycopg.Error):
                 self.db.close()
             self.db = None
-        delay = 0.1
-        tried = 0
-        while not self.stopping.is_set():
-            try:
-                self.db = connect(self.params)
-                self._register()
-                return True
-            except CONNECTION_ERRORS as exc:
-                tried += 1
-                reason = " ".join(str(exc).split())
-                if attempts is not None and tried >= attempts:
-                    raise DatabaseUnreachable(tried, reason) from exc
-                logger.warning("event=db_unavailable error=%r retry_in=%.1fs", reason, delay)
-                self.stopping.wait(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 5.0)
-        return False
+        self.db = connect_until_up(
+            self.params, stopping=self.stopping, on_connect=self._register_on, attempts=attempts
+        )
+        return self.db is not None
 
-    def _register(self) -> None:
-        assert self.db is not None
-        with self.db.cursor() as cur:
+    def _register_on(self, db: psycopg.Connection) -> None:
+        with db.cursor() as cur:
             store.register_worker(
                 cur,
                 worker=self.id,
@@ -547,6 +431,7 @@ class WorkerLoop:
                 pid=os.getpid(),
                 queues=self.queues,
                 concurrency=self.concurrency,
+                tasks=self.tasks,
             )
 
     def _shutdown(self) -> None:
@@ -564,21 +449,11 @@ class WorkerLoop:
                 if self.db is None or self.db.closed:
                     self.db = None
                     self.db = connect(self.params)  # once: a stop does not wait for it
-                    self._register()
+                    self._register_on(self.db)
+                if self.recorder.unrunnable:
+                    self.recorder.give_back(self.db)
                 self._take_outcomes()
-                try:
-                    recorded = self._record_in_transaction(self.pending)
-                except CONNECTION_ERRORS:
-                    raise
-                except psycopg.Error as exc:
-                    logger.error(
-                        "event=batch_refused error=%r action=record_one_by_one",
-                        _error_text(exc),
-                    )
-                    self._record_one_by_one()
-                    recorded = set()
-                self._log_outcomes(self.pending, recorded)
-                self.pending = []
+                self.recorder.flush(self.db, self.pending)
                 with self.db.cursor() as cur:
                     store.stop_worker(cur, worker=self.id)
                 break
@@ -590,9 +465,3 @@ class WorkerLoop:
         if self.db is not None:
             self.db.close()
         logger.info("event=worker_stopped worker=%s jobs=%d", self.id, self.finished_total)
-
-
-def _error_text(exc: BaseException) -> str:
-    """A database error on one line: its class and first line of message (for logs)."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -1,0 +1,217 @@
+"""Recording outcomes: a batch of finished jobs written in one go, fenced, then logged.
+
+The loop (``runtime``) owns one ``OutcomeRecorder`` and calls it on its own thread and
+connection, so every write of the worker stays there. The steady-state path (successes
+written by the claim statement itself) is the loop's; this module writes the batches that
+hold a failure, falls back to one transaction per outcome when the database refuses a
+batch (one outcome it cannot take must not cost the others theirs), and logs each outcome
+once it is durable. It also gives back the jobs the worker claimed and did not run (not
+started when it stops, or of a task it has no handler for): not an attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+
+from .. import store
+from .connection import CONNECTION_ERRORS, error_text
+from .context import JobContext
+from .executor import ERROR_MAX_BYTES, HandlerOutcome, storable_text
+
+logger = logging.getLogger("pgqueue.worker")
+
+
+class OutcomeRecorder:
+    """Writes and logs the outcomes of one worker's jobs; counts those it is done with."""
+
+    def __init__(self, worker_id: str, *, served: int = 0, unknown_task_delay: float = 60.0):
+        self.worker_id = worker_id
+        self.served = served  # how many tasks the worker has handlers for (for the log)
+        self.unknown_task_delay = unknown_task_delay
+        #: Outcomes dealt with (recorded, fenced out or left to lease recovery).
+        self.finished = 0
+        #: The tasks without a handler already logged (at ERROR, once each).
+        self.unknown_tasks_logged: set[str] = set()
+        #: Claimed jobs of tasks without a handler, held (their leases renewed) until
+        #: ``give_back`` has written them.
+        self.unrunnable: list[store.ClaimedJob] = []
+
+    @staticmethod
+    def split(
+        outcomes: list[HandlerOutcome],
+    ) -> tuple[list[tuple[int, int, str | None]], list[store.Failure]]:
+        """Successes and failures to write; a lost job's outcome is not written at all."""
+        successes = [
+            (o.ctx.id, o.ctx.attempt, o.result_json) for o in outcomes if o.ok and not o.ctx.lost
+        ]
+        failures = [
+            store.Failure(o.ctx.id, o.ctx.attempt, o.error or "", o.traceback, o.permanent)
+            for o in outcomes
+            if not o.ok and not o.ctx.lost
+        ]
+        return successes, failures
+
+    def record(self, cur: Any, outcomes: list[HandlerOutcome]) -> set[int]:
+        """Write outcomes (fenced); returns the ids whose outcome was recorded."""
+        successes, failures = self.split(outcomes)
+        recorded: set[int] = set()
+        if successes:
+            recorded |= store.complete_many(cur, worker=self.worker_id, results=successes)
+        if failures:
+            recorded |= set(store.fail_many(cur, worker=self.worker_id, failures=failures))
+        return recorded
+
+    def record_in_transaction(
+        self, db: psycopg.Connection, outcomes: list[HandlerOutcome]
+    ) -> set[int]:
+        with db.transaction(), db.cursor() as cur:
+            return self.record(cur, outcomes)
+
+    def flush(self, db: psycopg.Connection, pending: list[HandlerOutcome]) -> None:
+        """Record and log all of ``pending`` in one transaction, or one by one when the
+        database refuses the batch; ``pending`` is empty afterwards (but for a lost
+        connection, which is raised)."""
+        try:
+            recorded = self.record_in_transaction(db, pending)
+        except CONNECTION_ERRORS:
+            raise
+        except psycopg.Error as exc:
+            logger.error("event=batch_refused error=%r action=record_one_by_one", error_text(exc))
+            self.record_one_by_one(db, pending)
+            return
+        self.log(pending, recorded)
+        pending.clear()
+
+    def record_one_by_one(self, db: psycopg.Connection, pending: list[HandlerOutcome]) -> None:
+        """Record each of ``pending`` in a transaction of its own, log it and remove it.
+
+        An outcome the database refuses is logged at ERROR with its job and replaced by a
+        failed attempt whose error says why, which is storable; if even that is refused,
+        the job is left to its lease (it runs again). A lost connection stops the walk
+        (the outcomes not yet recorded stay in ``pending`` for the next turn).
+        """
+        while pending:
+            outcome = pending[0]
+            try:
+                recorded = self.record_in_transaction(db, [outcome])
+            except CONNECTION_ERRORS:
+                raise
+            except psycopg.Error as exc:
+                ctx = outcome.ctx
+                reason = error_text(exc)
+                logger.error(
+                    "job=%d task=%s tenant=%s attempt=%d event=outcome_refused error=%r "
+                    "action=record_as_failed",
+                    ctx.id,
+                    ctx.task,
+                    ctx.tenant,
+                    ctx.attempt,
+                    reason,
+                )
+                outcome = HandlerOutcome(
+                    ctx,
+                    ok=False,
+                    error=storable_text(f"outcome not storable: {reason}", ERROR_MAX_BYTES),
+                    traceback=None,
+                    duration=outcome.duration,
+                )
+                try:
+                    recorded = self.record_in_transaction(db, [outcome])
+                except CONNECTION_ERRORS:
+                    raise
+                except psycopg.Error as again:
+                    logger.error(
+                        "job=%d attempt=%d event=outcome_refused error=%r "
+                        "action=left_to_lease_recovery",
+                        ctx.id,
+                        ctx.attempt,
+                        error_text(again),
+                    )
+                    pending.pop(0)
+                    self.finished += 1  # logged above, not as fenced out
+                    continue
+            pending.pop(0)
+            self.log([outcome], recorded)
+
+    def log(self, outcomes: list[HandlerOutcome], recorded: set[int]) -> None:
+        """One line per outcome written (or discarded: its lease was lost)."""
+        for o in outcomes:
+            self.finished += 1
+            ctx = o.ctx
+            if ctx.id not in recorded:
+                logger.warning(
+                    "job=%d task=%s tenant=%s queue=%s attempt=%d outcome=discarded "
+                    "reason=lease_lost duration_ms=%.1f",
+                    ctx.id,
+                    ctx.task,
+                    ctx.tenant,
+                    ctx.queue,
+                    ctx.attempt,
+                    o.duration * 1000,
+                )
+            elif logger.isEnabledFor(logging.INFO):
+                outcome = "done" if o.ok else ("dead" if o.permanent else "failed")
+                if not o.ok and not o.permanent and ctx.attempt >= ctx.max_attempts:
+                    outcome = "dead"
+                logger.info(
+                    "job=%d task=%s tenant=%s queue=%s attempt=%d outcome=%s duration_ms=%.1f%s",
+                    ctx.id,
+                    ctx.task,
+                    ctx.tenant,
+                    ctx.queue,
+                    ctx.attempt,
+                    outcome,
+                    o.duration * 1000,
+                    "" if o.ok else f" error={o.error!r}",
+                )
+
+    def release(self, db: psycopg.Connection, unstarted: list[JobContext]) -> None:
+        """On stop: give back jobs claimed but not yet started (JOB_RELEASE_MANY), queued
+        again at once with their place, so that other workers run them now."""
+        with db.cursor() as cur:
+            released = store.release_many(
+                cur, worker=self.worker_id, held=[(c.id, c.attempt) for c in unstarted]
+            )
+        logger.info("event=released_unstarted count=%d", len(released))
+
+    def give_back(self, db: psycopg.Connection) -> None:
+        """Give back the ``unrunnable`` jobs: their task the worker has no handler for.
+
+        The attempt is not counted and the job waits ``unknown_task_delay`` seconds in
+        'scheduled' (JOB_GIVE_BACK_MANY): a worker started with the wrong
+        ``TASK_MODULES``, or an older release, must not spend the attempts of jobs another
+        worker can run, nor take them again at once. Logged at ERROR once per task: a
+        backlog of such jobs would drown the log otherwise.
+        """
+        jobs = self.unrunnable
+        with db.cursor() as cur:
+            given = store.give_back_many(
+                cur,
+                worker=self.worker_id,
+                held=[(j.id, j.attempt) for j in jobs],
+                delay=self.unknown_task_delay,
+            )
+        self.unrunnable = []
+        for job in jobs:
+            if job.task in self.unknown_tasks_logged:
+                continue
+            self.unknown_tasks_logged.add(job.task)
+            logger.error(
+                "event=unknown_task task=%s job=%d queue=%s tenant=%s action=given_back "
+                "retry_in=%gs tasks_served=%d hint=%r",
+                job.task,
+                job.id,
+                job.queue,
+                job.tenant,
+                self.unknown_task_delay,
+                self.served,
+                "this worker has no handler for the task (check PGQUEUE['TASK_MODULES'] "
+                "and the deployed code); its jobs are given back without spending an "
+                "attempt; logged once per task",
+            )
+        logger.info(
+            "event=given_back_unknown count=%d fenced_out=%d", len(given), len(jobs) - len(given)
+        )
