@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import sys
 import threading
 import time
 from pathlib import Path
@@ -167,3 +168,12 @@ async def async_sleep(payload, job):
     await asyncio.sleep(payload["seconds"])
     task_logger.info("async sleeper %s done", payload["n"])
     return {"n": payload["n"], "began": began, "ended": time.time()}
+
+
+@pgqueue.task(name="test.print")
+def print_words(payload, job):
+    """Print ``payload["word"]`` in pieces, to stdout and stderr, as a handler using print does."""
+    print("printed", payload["word"])
+    print("to stderr", payload["word"], file=sys.stderr)
+    print("unfinished", payload["word"], end="")
+    return None

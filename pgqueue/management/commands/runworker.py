@@ -10,6 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from pgqueue import stdio
 from pgqueue.conf import pgqueue_settings
 from pgqueue.log import DEFAULT_FORMAT, JobContextFilter
 from pgqueue.worker import DatabaseUnreachable, WorkerLoop
@@ -70,6 +71,7 @@ class Command(BaseCommand):
         if not queues:
             raise CommandError("--queues names no queue")
         _configure_logging(options["verbosity"])
+        stdio.install()  # after logging: its handlers keep the unwrapped streams
 
         if options["processes"] > 1:
             supervisor = Supervisor(
