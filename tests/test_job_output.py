@@ -73,8 +73,10 @@ def test_concurrent_jobs_lines_never_mix() -> None:
         assert mine == [f"job={n} line {i} of job {n}" for i in range(200)]
 
 
-def test_install_leaves_streams_the_project_replaced() -> None:
-    """Under pytest sys.stdout is pytest's capture, not sys.__stdout__: install refuses."""
+def test_install_leaves_streams_the_project_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A project that set sys.stdout itself (not sys.__stdout__) keeps it: install refuses."""
+    own = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", own)
     before = sys.stdout, sys.stderr
     assert stdio.install() is False
     assert (sys.stdout, sys.stderr) == before
