@@ -78,7 +78,7 @@ def enqueue(
     :param queue: the queue it waits in; default the task's, then ``DEFAULT_QUEUE``.
     :param priority: -100..100, higher runs first; default the task's, then 0.
     :param delay: seconds (or a timedelta) to wait before it may run; not with ``run_at``.
-    :param run_at: the moment it may run (aware, or naive meaning UTC); not with ``delay``.
+    :param run_at: the moment it may run, timezone-aware (naive is refused); not with ``delay``.
     :param idempotency_key: unique per tenant; a second enqueue with the same key returns
         the first job and ``created=False``.
     :param max_attempts: 1..100 attempts before it is dead; default the task's, then

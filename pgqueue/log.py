@@ -11,6 +11,10 @@ that job onto every record passing through the handler, whichever logger emitted
 
 A thread the handler starts itself does not inherit the job (context variables do not
 cross ``threading.Thread``); ``contextvars.copy_context().run`` carries it over.
+
+``print`` output has no record to carry the job: runworker wraps stdout and stderr
+(``pgqueue.stdio``), which read the same variable and put ``job=<id> `` in front of each
+line a running job writes.
 (Not named ``logging`` so that it never shadows the standard module.)
 """
 
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
@@ -26,6 +30,9 @@ if TYPE_CHECKING:
     from .worker.context import JobContext
 
 _running: ContextVar[JobContext | None] = ContextVar("pgqueue_running_job", default=None)
+#: Called with each job as its block ends: ``pgqueue.stdio`` writes out the job's last line
+#: if it had no newline, which would otherwise wait for the next job to finish it.
+_on_job_end: list[Callable[[JobContext], None]] = []
 
 #: The format runworker logs with when the project configured no logging handler.
 DEFAULT_FORMAT = "time=%(asctime)s level=%(levelname)s logger=%(name)s %(pgqueue_job)s%(message)s"
@@ -43,7 +50,14 @@ def job_context(job: JobContext) -> Iterator[None]:
     try:
         yield
     finally:
+        for callback in _on_job_end:
+            callback(job)
         _running.reset(token)
+
+
+def on_job_end(callback: Callable[[JobContext], None]) -> None:
+    """Call ``callback(job)`` whenever a ``job_context`` block ends."""
+    _on_job_end.append(callback)
 
 
 class JobContextFilter(logging.Filter):

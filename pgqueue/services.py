@@ -122,7 +122,13 @@ def _run_at(run_at: Any, delay: Any) -> dt.datetime | None:
         if not isinstance(run_at, dt.datetime):
             raise InvalidJob("run_at", "must be a datetime")
         if timezone.is_naive(run_at):
-            raise InvalidJob("run_at", "must be timezone-aware")
+            # A guess (UTC, or TIME_ZONE) would silently move the job by the offset the
+            # caller meant; HTTP refuses a run_at without an offset the same way.
+            raise InvalidJob(
+                "run_at",
+                "must be timezone-aware: give a UTC offset (2030-01-01T09:00:00Z, +01:00) "
+                "or build it with django.utils.timezone (now(), make_aware())",
+            )
         return run_at if run_at > timezone.now() else None
     return None
 

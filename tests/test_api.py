@@ -451,7 +451,6 @@ class TestBatch:
     @pytest.mark.parametrize(
         ("body", "field"),
         [
-            ({"task": "test.noop", "payloads": []}, "payloads"),
             ({"task": "test.noop", "payloads": [{}] * 1001}, "payloads"),
             ({"task": "test.noop"}, "payloads"),
             ({"task": "test.noop", "payloads": {"a": 1}}, "payloads"),
@@ -737,6 +736,16 @@ GET_ENDPOINTS = [
     ("/tenants/acme", set()),
     ("/stats", set()),
     ("/metrics", set()),
+    ("/health", set()),
+]
+
+#: Every write, with a body it accepts; none reads a query parameter.
+WRITE_ENDPOINTS = [
+    ("post", "/jobs", {"task": "test.noop"}),
+    ("post", "/jobs/batch", {"task": "test.noop", "payloads": [{}]}),
+    ("delete", "/jobs/{job}", None),
+    ("post", "/jobs/{job}/retry", None),
+    ("put", "/tenants/acme", {"weight": 2}),
 ]
 
 
@@ -789,6 +798,30 @@ class TestQueryParameters:
 
     def test_an_unauthenticated_caller_learns_nothing_from_a_parameter(self):
         assert_error(APIClient().get("/jobs", {"stauts": "dead"}), 401)
+
+    @pytest.mark.parametrize(("method", "path", "body"), WRITE_ENDPOINTS)
+    def test_a_write_refuses_any_parameter_and_changes_nothing(self, api, method, path, body):
+        """Before, ``DELETE /jobs/7?dry_run=1`` cancelled job 7: writes were not checked."""
+        services.set_tenant_weight("acme", 1)
+        job = make_job("dead", tenant="acme") if "retry" in path else make_job("queued")
+        before = list(Job.objects.order_by("id").values_list("id", "status"))
+        url = path.format(job=job) + "?dry_run=1"
+        error = assert_error(getattr(api, method)(url, body, format="json"), 400, field="dry_run")
+        assert error["detail"] == "dry_run: unknown query parameter; accepted: none", error
+        assert list(Job.objects.order_by("id").values_list("id", "status")) == before
+        assert Tenant.objects.get(name="acme").weight == 1
+
+    @pytest.mark.parametrize(("method", "path", "body"), WRITE_ENDPOINTS)
+    def test_a_write_accepts_format(self, api, method, path, body):
+        services.set_tenant_weight("acme", 1)
+        job = make_job("dead", tenant="acme") if "retry" in path else make_job("queued")
+        url = path.format(job=job) + "?format=json"
+        response = getattr(api, method)(url, body, format="json")
+        assert response.status_code in (200, 201), response.content
+
+    def test_options_is_not_checked(self, api):
+        """A browser's preflight carries the query of the GET it precedes."""
+        assert api.options("/jobs?stauts=dead").status_code == 200
 
 
 # -- tenants ------------------------------------------------------------------------------

@@ -7,6 +7,13 @@ from rest_framework import serializers
 from ..models import Job, Status
 from ..services import MAX_BATCH, MAX_DELAY_SECONDS, MAX_WEIGHT, MIN_WEIGHT
 
+#: The one rule for run_at, in Python (services._run_at) and over HTTP.
+RUN_AT_HELP = (
+    "ISO-8601 with a UTC offset (2030-01-01T09:00:00Z, 2030-01-01T10:00:00+01:00); one "
+    "without an offset is a 400, as a naive datetime is refused by pgqueue.enqueue; a "
+    "moment in the past means now; not with delay_seconds"
+)
+
 
 class ErrorSerializer(serializers.Serializer):
     error = serializers.CharField(help_text="a short code, e.g. invalid, not_found, conflict")
@@ -89,7 +96,7 @@ class EnqueueRequest(serializers.Serializer):
     idempotency_key = serializers.CharField(required=False, max_length=255)
     max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=100)
     delay_seconds = serializers.FloatField(required=False, min_value=0, max_value=MAX_DELAY_SECONDS)
-    run_at = serializers.DateTimeField(required=False)
+    run_at = serializers.DateTimeField(required=False, help_text=RUN_AT_HELP)
 
 
 class BatchRequest(serializers.Serializer):
@@ -105,14 +112,17 @@ class BatchRequest(serializers.Serializer):
     }
     task = serializers.CharField()
     payloads = serializers.ListField(
-        child=serializers.JSONField(), min_length=1, max_length=MAX_BATCH
+        child=serializers.JSONField(),
+        max_length=MAX_BATCH,
+        help_text=f"0 to {MAX_BATCH:,} payloads, one job each; an empty list enqueues nothing "
+        "and answers 201 with no ids, as pgqueue.enqueue_many([]) returns []",
     )
     tenant = serializers.CharField(required=False)
     queue = serializers.CharField(required=False)
     priority = serializers.IntegerField(required=False, min_value=-100, max_value=100)
     max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=100)
     delay_seconds = serializers.FloatField(required=False, min_value=0, max_value=MAX_DELAY_SECONDS)
-    run_at = serializers.DateTimeField(required=False)
+    run_at = serializers.DateTimeField(required=False, help_text=RUN_AT_HELP)
 
 
 class BatchResponse(serializers.Serializer):

@@ -75,19 +75,35 @@ class SafeJSONParser(JSONParser):
             raise ParseError("JSON parse error - the body is nested too deeply") from None
 
 
-class PgQueueView(APIView):
-    """JSON in (anything else is 415), an API key or staff session required.
+class KnownQueryParams(APIView):
+    """Refuses a query parameter the endpoint does not read, whatever the method.
 
-    Everything is set on the view, so the project's REST_FRAMEWORK settings (which may
-    suit its own API) do not change pgqueue's behaviour.
-
-    A GET accepts the query parameters in ``query_params`` and DRF's ``format`` (the
-    browsable API's ``?format=json``); any other is a 400 naming it, as an unknown body
-    field is, so a misspelt filter (``?stauts=dead``) is not silently an unfiltered list.
+    A GET (and HEAD) accepts those in ``query_params``; a POST, PUT, PATCH or DELETE reads
+    none. Every method accepts DRF's ``format`` (the browsable API's ``?format=json``).
+    Any other is a 400 naming it, as an unknown body field is, so a misspelt filter
+    (``?stauts=dead``) is not silently an unfiltered list, nor ``DELETE /jobs/7?dry_run=1``
+    silently a cancel. OPTIONS is not checked: it describes the endpoint, and a browser's
+    preflight carries the query of the request it precedes.
     """
 
     #: The query parameters this view's GET reads.
     query_params: frozenset[str] = frozenset()
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # authenticated and allowed first
+        method = request.method.lower()
+        # Only where the method is served: a GET of a POST-only path stays a 405.
+        if method != "options" and hasattr(self, method):
+            reads_query = method in ("get", "head")
+            _known_params(request, self.query_params if reads_query else frozenset())
+
+
+class PgQueueView(KnownQueryParams):
+    """JSON in (anything else is 415), an API key or staff session required.
+
+    Everything is set on the view, so the project's REST_FRAMEWORK settings (which may
+    suit its own API) do not change pgqueue's behaviour.
+    """
 
     parser_classes = [SafeJSONParser]
     renderer_classes = [JSONRenderer, BrowsableAPIRenderer]
@@ -98,12 +114,6 @@ class PgQueueView(APIView):
 
     def get_exception_handler(self) -> Any:
         return exception_handler
-
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)  # authenticated and allowed first
-        # Only where a GET is served: a GET of a POST-only path stays a 405.
-        if request.method in ("GET", "HEAD") and hasattr(self, request.method.lower()):
-            _known_params(request, self.query_params)
 
 
 def _known_params(request: Request, accepted: frozenset[str]) -> None:
@@ -168,8 +178,12 @@ def _typed(data: dict[str, Any], field: str, kind: type | tuple[type, ...], what
     return value
 
 
-def _moment(value: Any, field: str) -> dt.datetime:
-    """An ISO-8601 date and time (naive means UTC), or a 400 naming the field."""
+def _moment(value: Any, field: str, *, naive_utc: bool = True) -> dt.datetime:
+    """An ISO-8601 date and time, or a 400 naming the field.
+
+    A filter's naive bound means UTC; ``naive_utc=False`` leaves it naive, for a value the
+    service layer decides about (``run_at``: refused, as in Python).
+    """
     try:
         parsed = parse_datetime(value) if isinstance(value, str) else None
     except ValueError:  # well-formed but impossible, e.g. February 30th
@@ -177,7 +191,7 @@ def _moment(value: Any, field: str) -> dt.datetime:
     if parsed is None:
         raise bad_field(field, "must be an ISO-8601 date and time")
     if parsed.tzinfo is None:
-        return parsed.replace(tzinfo=dt.UTC)
+        return parsed.replace(tzinfo=dt.UTC) if naive_utc else parsed  # services refuse it
     # In UTC, so that no offset reaches PostgreSQL, which refuses those beyond 15:59.
     try:
         return parsed.astimezone(dt.UTC)
@@ -194,7 +208,7 @@ def _schedule(data: dict[str, Any]) -> dict[str, Any]:
     if delay is not None:
         return {"delay": delay}
     if run_at is not None:
-        return {"run_at": _moment(run_at, "run_at")}
+        return {"run_at": _moment(run_at, "run_at", naive_utc=False)}
     return {}
 
 
@@ -319,7 +333,7 @@ def _int_param(params: Any, name: str, default: int, low: int, high: int | None)
 
 class JobBatchView(PgQueueView):
     @extend_schema(
-        summary="Enqueue up to 1,000 jobs of one task in one statement",
+        summary="Enqueue up to 1,000 jobs of one task in one statement (none: an empty list)",
         operation_id="jobs_batch_create",
         request=BatchRequest,
         responses={201: BatchResponse, **ERRORS},
@@ -329,8 +343,8 @@ class JobBatchView(PgQueueView):
         payloads = data.get("payloads")
         if not isinstance(payloads, list):
             raise bad_field("payloads", "must be a list of payloads")
-        if not 1 <= len(payloads) <= services.MAX_BATCH:
-            raise bad_field("payloads", f"must hold 1 to {services.MAX_BATCH} payloads")
+        if len(payloads) > services.MAX_BATCH:  # one request, one statement
+            raise bad_field("payloads", f"must hold at most {services.MAX_BATCH:,} payloads")
         with _delay(data):
             ids = services.enqueue_many(
                 _task(data),
@@ -453,7 +467,7 @@ class MetricsView(PgQueueView):
         return HttpResponse(body, content_type=content_type)
 
 
-class HealthView(APIView):
+class HealthView(KnownQueryParams):
     authentication_classes: list = []
     permission_classes: list = []
     renderer_classes = [JSONRenderer]

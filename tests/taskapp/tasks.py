@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import sys
 import threading
 import time
 from pathlib import Path
@@ -176,3 +177,12 @@ def periodic_tick(payload, job):
     Its own queue keeps the schedules' jobs away from the workers of other tests.
     """
     return {"payload": payload, "job": job.id}
+
+
+@pgqueue.task(name="test.print")
+def print_words(payload, job):
+    """Print ``payload["word"]`` in pieces, to stdout and stderr, as a handler using print does."""
+    print("printed", payload["word"])
+    print("to stderr", payload["word"], file=sys.stderr)
+    print("unfinished", payload["word"], end="")
+    return None

@@ -11,6 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import OperationalError, connections
 
+from pgqueue import stdio
 from pgqueue.conf import pgqueue_settings
 from pgqueue.log import DEFAULT_FORMAT, JobContextFilter
 from pgqueue.schedules import sync_schedules
@@ -86,6 +87,7 @@ class Command(BaseCommand):
         if not queues:
             raise CommandError("--queues names no queue")
         _configure_logging(options["verbosity"])
+        stdio.install()  # after logging: its handlers keep the unwrapped streams
         try:
             sync_schedules(using=options["database"])  # the periodic schedules of this code
         except OperationalError as exc:
