@@ -35,6 +35,7 @@ from .connection import (
 )
 from .context import JobContext
 from .executor import HandlerOutcome, JobExecutor, serves
+from .heartbeat import Heartbeats
 from .listener import Listener
 from .maintenance import run_maintenance
 from .recorder import OutcomeRecorder
@@ -94,9 +95,7 @@ class WorkerLoop:
             served=len(self.tasks),
             unknown_task_delay=float(pgqueue_settings.UNKNOWN_TASK_DELAY_SECONDS),
         )
-        self._heartbeat_requested = threading.Event()
-        self._heartbeat_done = threading.Condition()
-        self._heartbeat_round = 0
+        self.heartbeats = Heartbeats(self.id, self.lease, self.wake_event.set)
         self.listener = Listener(
             connect_params(alias, application_name=f"pgqueue listener {self.id}"[:63]),
             pgqueue_settings.NOTIFY_CHANNEL,
@@ -159,7 +158,7 @@ class WorkerLoop:
                         self._release_unstarted()
                     claimed_all = self._turn()
                     now = time.monotonic()
-                    if now >= next_heartbeat or self._heartbeat_requested.is_set():
+                    if now >= next_heartbeat or self.heartbeats.requested:
                         self._heartbeat()
                         next_heartbeat = now + self.heartbeat_every
                     if now >= next_maintenance and not self.stopping.is_set():
@@ -379,32 +378,13 @@ class WorkerLoop:
     # -- heartbeats -----------------------------------------------------------------------
 
     def _request_heartbeat(self, timeout: float) -> None:
-        """Called from a handler thread: renew leases now and wait for that to happen."""
-        with self._heartbeat_done:
-            target = self._heartbeat_round + 1
-            self._heartbeat_requested.set()
-            self.wake_event.set()
-            self._heartbeat_done.wait_for(lambda: self._heartbeat_round >= target, timeout)
+        self.heartbeats.request(timeout)
 
     def _heartbeat(self) -> None:
-        self._heartbeat_requested.clear()
-        contexts = [*self.in_flight.values(), *(o.ctx for o in self.pending)]
-        held = [(c.id, c.attempt) for c in contexts if not c.lost]
-        held += [(j.id, j.attempt) for j in self.recorder.unrunnable]
         assert self.db is not None
-        with self.db.cursor() as cur:
-            kept = store.heartbeat_many(cur, worker=self.id, held=held, lease_seconds=self.lease)
-        for ctx in contexts:
-            if not ctx.lost and ctx.id not in kept:
-                ctx.mark_lost()
-                logger.warning(
-                    "job=%d attempt=%d event=lease_lost action=result_will_be_discarded",
-                    ctx.id,
-                    ctx.attempt,
-                )
-        with self._heartbeat_done:
-            self._heartbeat_round += 1
-            self._heartbeat_done.notify_all()
+        contexts = [*self.in_flight.values(), *(o.ctx for o in self.pending)]
+        unrunnable = [(j.id, j.attempt) for j in self.recorder.unrunnable]
+        self.heartbeats.beat(self.db, contexts, unrunnable)
 
     # -- connection, registry, shutdown ---------------------------------------------------
 

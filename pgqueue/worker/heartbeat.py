@@ -1,0 +1,71 @@
+"""Heartbeats: renew the leases of every job a worker holds, in one statement.
+
+The loop renews them every ``LEASE_SECONDS / 3``; a handler that calls ``job.heartbeat()``
+asks for a round now and waits until one has run, so that it learns whether it still holds
+its job (a lease it lost is never renewed: its result will be discarded). Only the loop
+thread writes to the database; handler threads wait on a condition for the round's end.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+
+import psycopg
+
+from .. import store
+from .context import JobContext
+
+logger = logging.getLogger("pgqueue.worker")
+
+
+class Heartbeats:
+    """Rounds of lease renewal, run by the loop, requested by handlers."""
+
+    def __init__(self, worker_id: str, lease_seconds: float, wake: Callable[[], None]) -> None:
+        self.worker_id = worker_id
+        self.lease_seconds = lease_seconds
+        self._wake = wake
+        self._requested = threading.Event()
+        self._done = threading.Condition()
+        self._round = 0
+
+    @property
+    def requested(self) -> bool:
+        return self._requested.is_set()
+
+    def request(self, timeout: float) -> None:
+        """Called from a handler thread: renew leases now and wait for that to happen."""
+        with self._done:
+            target = self._round + 1
+            self._requested.set()
+            self._wake()
+            self._done.wait_for(lambda: self._round >= target, timeout)
+
+    def beat(
+        self,
+        db: psycopg.Connection,
+        contexts: Sequence[JobContext],
+        others: Iterable[tuple[int, int]] = (),
+    ) -> None:
+        """One round on the loop's connection: the running jobs' ``contexts`` (those whose
+        lease is lost are marked so) and ``others`` held but not running, as (id, attempt)."""
+        self._requested.clear()
+        held = [(c.id, c.attempt) for c in contexts if not c.lost]
+        held += list(others)
+        with db.cursor() as cur:
+            kept = store.heartbeat_many(
+                cur, worker=self.worker_id, held=held, lease_seconds=self.lease_seconds
+            )
+        for ctx in contexts:
+            if not ctx.lost and ctx.id not in kept:
+                ctx.mark_lost()
+                logger.warning(
+                    "job=%d attempt=%d event=lease_lost action=result_will_be_discarded",
+                    ctx.id,
+                    ctx.attempt,
+                )
+        with self._done:
+            self._round += 1
+            self._done.notify_all()
