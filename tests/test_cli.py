@@ -292,7 +292,8 @@ def test_an_action_changes_the_jobs_its_status_allows(command, ok_state, new_sta
     ok = [make_job(ok_state), make_job(ok_state)]
     code, out, err = pgq(command, *map(str, ok))
     assert (code, err) == (0, "")
-    assert out.endswith(f"2 jobs: {ok[0]}, {ok[1]}\n")
+    assert "2 jobs" in out
+    assert out.endswith(f": {ok[0]}, {ok[1]}\n")
     assert [status_of(i) for i in ok] == [new_status, new_status]
 
     again = make_job(ok_state)

@@ -185,7 +185,7 @@ class _BulkCommand(OperatorCommand):
     """An action on the jobs named, through the service layer: exit 1 when any was skipped
     (its status does not allow the action) or does not exist."""
 
-    #: The service function, and the past tense of the action for the output.
+    #: The service function, and what the output says it did (``{jobs}``: "2 jobs").
     action: staticmethod[..., services.BulkResult]
     done: str = ""
 
@@ -201,9 +201,10 @@ class _BulkCommand(OperatorCommand):
             if i not in missing
         ]
         document = {"changed": result.changed, "skipped": skipped, "missing": result.missing}
-        ids = ", ".join(str(i) for i in result.changed)
         n = len(result.changed)
-        self.emit(options, document, lambda: f"{self.done} {n} job{'s' * (n != 1)}: {ids or '-'}")
+        jobs = f"{n} job{'s' * (n != 1)}"
+        ids = ", ".join(str(i) for i in result.changed) or "-"
+        self.emit(options, document, lambda: f"{self.done.format(jobs=jobs)}: {ids}")
         if not options["json"]:
             for reason in result.skipped.values():
                 self.warn(f"skipped: {reason}")
@@ -214,21 +215,21 @@ class RetryCommand(_BulkCommand):
     name = "retry"
     help = "Send dead or cancelled jobs back to run (attempts restart from 0; history is kept)."
     action = staticmethod(services.retry_jobs)
-    done = "retried"
+    done = "retried {jobs}"
 
 
 class CancelCommand(_BulkCommand):
     name = "cancel"
     help = "Cancel scheduled or queued jobs (running and finished ones are skipped)."
     action = staticmethod(services.cancel_jobs)
-    done = "cancelled"
+    done = "cancelled {jobs}"
 
 
 class RunNowCommand(_BulkCommand):
     name = "run-now"
     help = "Make scheduled jobs runnable now instead of at their run_at."
     action = staticmethod(services.run_jobs_now)
-    done = "made runnable now"
+    done = "made {jobs} runnable now"
 
 
 COMMANDS = [JobsCommand, ShowCommand, RetryCommand, CancelCommand, RunNowCommand]
