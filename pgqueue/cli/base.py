@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
 from django.utils.dateparse import parse_datetime
@@ -53,7 +54,10 @@ class OperatorCommand(BaseCommand):
             "--json", action="store_true", help="print one JSON document on stdout, for scripts"
         )
         parser.add_argument(
-            "--database", default=DEFAULT_DB_ALIAS, help="the database alias (default: default)"
+            "--database",
+            choices=list(settings.DATABASES),
+            default=DEFAULT_DB_ALIAS,
+            help="the database alias (default: default)",
         )
         self.add_options(parser)
 
@@ -61,6 +65,7 @@ class OperatorCommand(BaseCommand):
         """The subcommand's own options and arguments."""
 
     def run(self, options: dict[str, Any]) -> int:
+        """Do the work and return the exit code: what ``handle`` exits with."""
         raise NotImplementedError
 
     def handle(self, *args: Any, **options: Any) -> None:
