@@ -397,3 +397,54 @@ def stats(*, using: str = "default") -> dict[str, Any]:
         "workers_alive": workers_alive(using=using),
         "dead": sum(s.get(Status.DEAD, 0) for s in queues.values()),
     }
+
+
+# -- the command line --------------------------------------------------------------------
+
+
+def job_list(
+    *,
+    status: str | None = None,
+    queue: str | None = None,
+    tenant: str | None = None,
+    task: str | None = None,
+    created_after: dt.datetime | None = None,
+    created_before: dt.datetime | None = None,
+    limit: int = 50,
+    using: str = "default",
+) -> tuple[list[Job], bool]:
+    """Up to ``limit`` jobs matching GET /jobs' filters, newest (highest id) first, and
+    whether more match: ``manage.py pgqueue jobs``.
+
+    No count: counting the matches of a filter like ``status=done`` reads every finished
+    row. One row past the limit says whether more exist instead. A backward scan of the
+    primary key, filtered, stopped after ``limit + 1`` rows (when a filter matches few rows
+    of a long history, it walks that history: the same plan as GET /jobs' page).
+    """
+    jobs = Job.objects.using(using).all()
+    if status is not None:
+        jobs = jobs.filter(status=status)
+    if queue is not None:
+        jobs = jobs.filter(queue=queue)
+    if tenant is not None:
+        jobs = jobs.filter(tenant_id=tenant)
+    if task is not None:
+        jobs = jobs.filter(task=task)
+    if created_after is not None:
+        jobs = jobs.filter(created_at__gte=created_after)
+    if created_before is not None:
+        jobs = jobs.filter(created_at__lte=created_before)
+    rows = list(jobs.order_by("-id")[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+def job_history(job_id: int, limit: int, *, using: str = "default") -> tuple[int, list[JobAttempt]]:
+    """How many attempts a job has recorded, and the last ``limit`` of them, oldest first:
+    ``manage.py pgqueue show``.
+
+    That job's rows of pgqueue_job_attempt through the index on its job_id: bounded by one
+    job's attempts (max_attempts per run, times the retries an operator made).
+    """
+    attempts = JobAttempt.objects.using(using).filter(job_id=job_id)
+    last = list(attempts.order_by("-id")[:limit])
+    return attempts.count(), last[::-1]

@@ -3,7 +3,9 @@
 ``runworker`` is a common name: Django Channels has a command of that name too, and the app
 listed first in INSTALLED_APPS wins. ``manage.py pgqueue worker`` is the same command as
 pgqueue's ``runworker``, whichever apps are installed. Each subcommand is an ordinary
-management command (its own options, its own ``handle``) registered in ``SUBCOMMANDS``.
+management command (its own options, its own ``handle``) registered in ``SUBCOMMANDS``: the
+worker, and the operators' commands of ``pgqueue.cli`` (jobs, show, retry, weight…), whose
+registry is where new ones are added.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from pgqueue import cli
+
 from . import runworker
 
 # name -> the command it runs. The subcommand takes exactly that command's options.
 SUBCOMMANDS: dict[str, type[BaseCommand]] = {
     "worker": runworker.Command,
+    **cli.SUBCOMMANDS,
 }
 
 # Django's own options (-v, --settings, --traceback…), accepted after the subcommand too
@@ -35,7 +40,12 @@ _BASE_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 
 
 class Command(BaseCommand):
-    help = "pgqueue's commands: `worker` runs jobs (the same command as runworker)."
+    help = (
+        "pgqueue's commands: `worker` runs jobs (the same command as runworker); "
+        f"{', '.join(f'`{name}`' for name in cli.SUBCOMMANDS)} do what the admin does, each "
+        "with --json for scripts (`manage.py pgqueue SUBCOMMAND --help`). Their "
+        f"{cli.EXIT_CODES_HELP}"
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         subparsers = parser.add_subparsers(

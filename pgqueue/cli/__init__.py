@@ -1,0 +1,28 @@
+"""``manage.py pgqueue <subcommand>`` for operators: what the admin does, from a shell.
+
+One module per group of subcommands; each module's ``COMMANDS`` lists its command classes
+(``pgqueue.cli.base.OperatorCommand`` subclasses, each with its ``name``). A new group is a
+new module and one line in ``GROUPS``; the management command
+(``pgqueue/management/commands/pgqueue.py``) takes every subcommand from ``SUBCOMMANDS`` and
+stays as it is.
+
+The commands are adapters like the admin and the API: they read through ``pgqueue.reads``
+and change jobs and tenants only through ``pgqueue.services``.
+"""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand
+
+from . import jobs, overview, tenants
+from .base import EXIT_CODES_HELP, OperatorCommand
+
+__all__ = ["EXIT_CODES_HELP", "GROUPS", "SUBCOMMANDS", "OperatorCommand"]
+
+#: The modules of subcommands, in the order ``manage.py pgqueue --help`` lists them.
+GROUPS = [jobs, tenants, overview]
+
+#: name -> command class, every group's.
+SUBCOMMANDS: dict[str, type[BaseCommand]] = {
+    command.name: command for group in GROUPS for command in group.COMMANDS
+}
