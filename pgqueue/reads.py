@@ -34,7 +34,16 @@ from django.utils import timezone
 
 from . import read_sql
 from .conf import pgqueue_settings
-from .models import Job, JobAttempt, Outcome, QueueWeight, Status, Tenant, Worker
+from .models import (
+    Job,
+    JobAttempt,
+    Outcome,
+    PeriodicSchedule,
+    QueueWeight,
+    Status,
+    Tenant,
+    Worker,
+)
 
 #: The jobs waiting to run: runnable now, or later (delayed, backing off).
 BACKLOG_STATUSES = (Status.QUEUED, Status.SCHEDULED)
@@ -448,3 +457,20 @@ def job_history(job_id: int, limit: int, *, using: str = "default") -> tuple[int
     attempts = JobAttempt.objects.using(using).filter(job_id=job_id)
     last = list(attempts.order_by("-id")[:limit])
     return attempts.count(), last[::-1]
+
+
+# -- periodic schedules --------------------------------------------------------------------
+
+
+def periodic_schedules(shown: int, *, using: str = "default") -> list[dict[str, Any]]:
+    """The first ``shown`` periodic schedules by name, removed ones last, as the admin lists
+    them. pgqueue_periodic holds one row per schedule a deploy declared (tens, not jobs)."""
+    rows = (
+        PeriodicSchedule.objects.using(using)
+        .order_by(F("removed_at").asc(nulls_first=True), "name")
+        .values(
+            "name", "cron", "timezone", "task", "tenant", "queue", "enabled", "missed",
+            "next_run_at", "last_run_at", "last_job_id", "removed_at",
+        )[:shown]
+    )  # fmt: skip
+    return list(rows)

@@ -12,6 +12,7 @@ import datetime as dt
 import io
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+import pgqueue
 from pgqueue import cli, services
 from pgqueue.cli import base
 from pgqueue.management.commands import pgqueue as pgqueue_command
@@ -43,7 +45,8 @@ pytestmark = pytest.mark.django_db
 
 #: The operators' subcommands (``worker`` is tested with runworker).
 OPERATOR_COMMANDS = ["jobs", "show", "retry", "cancel", "run-now", "tenants", "weight",
-                     "workers", "stats"]  # fmt: skip
+                     "workers", "stats", "periodic", "periodic-enable",
+                     "periodic-disable"]  # fmt: skip
 #: A database nothing listens on: the connection is refused at once.
 UNREACHABLE = "postgres://postgres@127.0.0.1:1/nothing"
 
@@ -476,3 +479,58 @@ def test_an_unreachable_database_exits_3_in_one_line(args):
     (line,) = result.stderr.splitlines()
     assert line.startswith(f"pgqueue {args[0]}: cannot reach the database: ")
     assert "Traceback" not in result.stderr
+
+
+# -- periodic schedules --------------------------------------------------------------------
+
+
+@pytest.fixture
+def schedule_rows() -> Iterator[list[str]]:
+    """Two schedules declared in code and synced, as runworker does at start-up."""
+    from pgqueue import schedules
+
+    names = ["cli-five", "cli-hourly"]
+    pgqueue.periodic("*/5 * * * *", task="test.periodic_tick", name=names[0], tenant="acme")
+    pgqueue.periodic("0 * * * *", task="test.periodic_tick", name=names[1])
+    schedules.sync_schedules(now=dt.datetime(2026, 1, 1, 10, 1, tzinfo=dt.UTC))
+    yield names
+    for name in names:
+        schedules.undeclare(name)
+
+
+def test_periodic_lists_the_schedules_by_name(schedule_rows: list[str]) -> None:
+    document = pgq_json("periodic")
+    assert [r["name"] for r in document["results"]] == schedule_rows
+    five = document["results"][0]
+    assert (five["cron"], five["tenant"], five["enabled"]) == ("*/5 * * * *", "acme", True)
+    assert five["next_run_at"].startswith("2026-01-01T10:05:00")
+    code, out, _ = pgq("periodic")
+    assert code == 0
+    assert columns(out.splitlines()[1])[:7] == [
+        "cli-five", "*/5 * * * *", "UTC", "test.periodic_tick", "acme", "periodic", "enabled"
+    ]  # fmt: skip
+
+
+def test_periodic_is_bounded_by_limit(schedule_rows: list[str]) -> None:
+    assert [r["name"] for r in pgq_json("periodic", "--limit", "1")["results"]] == ["cli-five"]
+
+
+def test_periodic_disable_and_enable_go_through_the_schedules_service(
+    schedule_rows: list[str],
+) -> None:
+    from pgqueue.models import PeriodicSchedule
+
+    assert pgq_json("periodic-disable", "cli-five") == {
+        "changed": ["cli-five"], "unchanged": [], "missing": []
+    }  # fmt: skip
+    assert PeriodicSchedule.objects.get(name="cli-five").enabled is False
+    again = pgq_json("periodic-disable", "cli-five", "nosuch", code=1)
+    assert again == {"changed": [], "unchanged": ["cli-five"], "missing": ["nosuch"]}
+    code, _, err = pgq("periodic-enable", "cli-five")
+    assert code == 0 and err == ""
+    assert PeriodicSchedule.objects.get(name="cli-five").enabled is True
+
+
+def test_periodic_switches_refuse_a_malformed_name() -> None:
+    with pytest.raises(CommandError):
+        pgq("periodic-enable", "not a name")

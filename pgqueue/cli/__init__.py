@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from . import jobs, overview, tenants
+from . import jobs, overview, periodic, tenants
 from .base import EXIT_CODES_HELP, OperatorCommand
 
 __all__ = ["EXIT_CODES_HELP", "GROUPS", "SUBCOMMANDS", "OperatorCommand"]
 
 #: The modules of subcommands, in the order ``manage.py pgqueue --help`` lists them.
-GROUPS = [jobs, tenants, overview]
+GROUPS = [jobs, tenants, overview, periodic]
 
 #: name -> command class, every group's.
 SUBCOMMANDS: dict[str, type[BaseCommand]] = {
