@@ -32,7 +32,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from pgqueue import services
+from pgqueue import keys
 from tests.api_fixtures import make_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -122,8 +122,8 @@ def test_the_whole_api_survives_fuzzing(live_server: Any) -> None:
     make_job("dead", tenant="acme")
     make_job("queued", tenant="globex")
     credentials = {
-        "all-tenants key": {"Authorization": f"Bearer {services.create_api_key()[1]}"},
-        "tenant key": {"Authorization": f"Bearer {services.create_api_key(tenant='acme')[1]}"},
+        "all-tenants key": {"Authorization": f"Bearer {keys.create_api_key()[1]}"},
+        "tenant key": {"Authorization": f"Bearer {keys.create_api_key(tenant='acme')[1]}"},
         "no credentials": {},
     }
     # The address, not "localhost": no resolver round trip on each of the requests.

@@ -22,7 +22,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import include, path
 from rest_framework.test import APIClient
 
-from pgqueue import reports
+from pgqueue import reads
 from pgqueue.api import errors
 from pgqueue.models import Job, Tenant
 from tests.api_fixtures import assert_error, client, job_rows, make_job, new_key, status_of
@@ -217,7 +217,7 @@ class TestErrorsAreJson:
         def broken() -> Any:
             raise RuntimeError("secret: host=db.internal port=5432")
 
-        monkeypatch.setattr(reports, "stats", broken)
+        monkeypatch.setattr(reads, "stats", broken)
         api = client(new_key())
         api.raise_request_exception = False
         with caplog.at_level(logging.ERROR, logger="pgqueue.api"):
