@@ -59,6 +59,14 @@ DEFAULTS: dict[str, Any] = {
     # ("20/min", "100/hour"); past it, every Bearer request from that address is a 429
     # with Retry-After until the window moves on, and no key is looked up. None: no limit.
     "AUTH_FAILURE_RATE": "20/min",
+    # The task names the HTTP API may enqueue. None: every @pgqueue.task (never the
+    # django.tasks family). A list restricts it; an entry ending in "*" is a prefix
+    # ("reports.*", or "*" for every @pgqueue.task) that never matches a django.tasks name:
+    # a Django Task is opened to the API only by its full name, "django.tasks:<path>".
+    "API_TASKS": None,
+    # The highest priority a tenant key may set (-100..100) unless its own max_priority
+    # says otherwise: priority orders before fairness, so it is an operator's lever.
+    "TENANT_MAX_PRIORITY": 0,
 }
 
 
