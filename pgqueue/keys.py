@@ -82,6 +82,33 @@ def _names(values: Any, field: str) -> list[str]:
     return [validate_name(value, field) for value in values]
 
 
+def validate_scope(
+    *, tasks: Any = None, queues: Any = None, max_priority: Any = None
+) -> tuple[list[str], list[str], int | None]:
+    """A key's scope, checked: task names, queue names, a priority or None."""
+    if max_priority is not None:
+        max_priority = validate_priority(max_priority)
+    return _names(tasks, "tasks"), _names(queues, "queues"), max_priority
+
+
+def set_api_key_scope(
+    prefix: str,
+    *,
+    tasks: list[str] | None = None,
+    queues: list[str] | None = None,
+    max_priority: int | None = None,
+    using: str = "default",
+) -> ApiKey:
+    """Narrow or widen a key's scope; its tenant and secret stay as they are."""
+    tasks, queues, max_priority = validate_scope(
+        tasks=tasks, queues=queues, max_priority=max_priority
+    )
+    row = ApiKey.objects.using(using).get(prefix=prefix)
+    row.tasks, row.queues, row.max_priority = tasks, queues, max_priority
+    row.save(update_fields=["tasks", "queues", "max_priority"])
+    return row
+
+
 def create_api_key(
     *,
     tenant: str | None = None,
@@ -98,9 +125,9 @@ def create_api_key(
     """
     if tenant is not None:
         tenant = validate_name(tenant, "tenant")
-    tasks, queues = _names(tasks, "tasks"), _names(queues, "queues")
-    if max_priority is not None:
-        max_priority = validate_priority(max_priority)
+    tasks, queues, max_priority = validate_scope(
+        tasks=tasks, queues=queues, max_priority=max_priority
+    )
     prefix = secrets.token_hex(4)
     key = f"{API_KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
     with transaction.atomic(using=using):

@@ -179,3 +179,51 @@ class TestKeyCreation:
         for scope in ({"tasks": ["bad name!"]}, {"queues": [""]}, {"max_priority": 101}):
             with pytest.raises(InvalidJob):
                 keys.create_api_key(tenant="acme", **scope)
+
+
+class TestAdmin:
+    KEYS = "/admin/pgqueue/apikey/"
+
+    def test_adding_a_key_sets_its_scope(self, admin_client):
+        response = admin_client.post(
+            f"{self.KEYS}add/",
+            {
+                "tenant": "",
+                "name": "ci",
+                "tasks": "test.noop, test.echo",
+                "queues": "q1",
+                "max_priority": "5",
+                "_save": "Save",
+            },
+        )
+        assert response.status_code == 200
+        assert response.templates[0].name == "admin/pgqueue/apikey/created.html"
+        row = ApiKey.objects.get()
+        assert (row.tasks, row.queues, row.max_priority) == (["test.noop", "test.echo"], ["q1"], 5)
+
+    def test_changing_a_key_sets_its_scope_only(self, admin_client):
+        row, key = keys.create_api_key(tenant="acme", name="one")
+        response = admin_client.post(
+            f"{self.KEYS}{row.pk}/change/",
+            {
+                "tenant": "",
+                "name": "renamed",
+                "tasks": "test.echo",
+                "queues": "",
+                "max_priority": "-1",
+                "_save": "Save",
+            },
+        )
+        assert response.status_code == 302, response.content[:2000]
+        row.refresh_from_db()
+        assert (row.tenant_id, row.name) == ("acme", "one")
+        assert (row.tasks, row.queues, row.max_priority) == (["test.echo"], [], -1)
+        assert keys.authenticate_api_key(key).pk == row.pk
+        refused(client(key).post("/jobs", {"task": "test.noop"}, "json"), "task")
+
+    def test_a_bad_scope_is_a_form_error(self, admin_client):
+        response = admin_client.post(
+            f"{self.KEYS}add/", {"name": "x", "tasks": "bad name!", "_save": "Save"}
+        )
+        assert response.status_code == 200 and response.context["adminform"].form.errors
+        assert ApiKey.objects.count() == 0
