@@ -617,3 +617,16 @@ def test_the_runner_never_imports_a_module_for_a_job() -> None:
 def test_the_runner_calls_only_a_django_task(path: str) -> None:
     with pytest.raises(pgqueue.PermanentError, match="not a Task"):
         backends.RUNNER.func(_payload(path), _Job(path))
+
+
+@pytest.mark.django_db
+def test_get_result_imports_only_the_path_the_job_was_enqueued_as() -> None:
+    import sys
+
+    job, _ = pgqueue.services.enqueue(
+        "django.tasks:tests.taskapp.django_tasks.noop",
+        {"task": "tests.taskapp.never_imported.anything", "backend": "default"},
+    )
+    with pytest.raises(TaskResultDoesNotExist):
+        backend().get_result(str(job.id))
+    assert "tests.taskapp.never_imported" not in sys.modules
