@@ -316,3 +316,28 @@ def _task_module_warning(name: str, exc: BaseException) -> Warning:
         "give their jobs back to wait instead of running them.",
         id="pgqueue.W001",
     )
+
+
+@register()
+def check_api_scope(app_configs: Any = None, **kwargs: Any) -> list:
+    """API_TASKS and TENANT_MAX_PRIORITY: what the HTTP API may enqueue, at what priority."""
+    from .keys import api_tasks_problem
+
+    s = pgqueue_settings
+    problems = []
+    problem = api_tasks_problem(s.API_TASKS)
+    if problem:
+        problems.append(f"PGQUEUE['API_TASKS'] {problem}, got {s.API_TASKS!r}.")
+    tmp = s.TENANT_MAX_PRIORITY
+    if isinstance(tmp, bool) or not isinstance(tmp, int) or not -100 <= tmp <= 100:
+        problems.append(
+            f"PGQUEUE['TENANT_MAX_PRIORITY'] must be an integer -100..100, got {tmp!r}."
+        )
+    return [
+        Error(
+            p,
+            hint="Fix settings.PGQUEUE; see the Security model section of the README.",
+            id="pgqueue.E005",
+        )
+        for p in problems
+    ]

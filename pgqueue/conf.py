@@ -83,6 +83,14 @@ DEFAULTS: dict[str, Any] = {
     "PRUNE_BATCH_SIZE": 1000,
     # Most prune statements per maintenance pass, each its own short transaction.
     "PRUNE_BATCHES_PER_PASS": 4,
+    # The task names the HTTP API may enqueue. None: every @pgqueue.task (never the
+    # django.tasks family). A list restricts it; an entry ending in "*" is a prefix
+    # ("reports.*", or "*" for every @pgqueue.task) that never matches a django.tasks name:
+    # a Django Task is opened to the API only by its full name, "django.tasks:<path>".
+    "API_TASKS": None,
+    # The highest priority a tenant key may set (-100..100) unless its own max_priority
+    # says otherwise: priority orders before fairness, so it is an operator's lever.
+    "TENANT_MAX_PRIORITY": 0,
 }
 
 #: The statuses RETENTION applies to: those a job leaves only by an operator's retry.

@@ -10,12 +10,15 @@ import datetime as dt
 import hashlib
 import hmac
 import secrets
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
+from .exceptions import InvalidJob
 from .models import ApiKey, Tenant
-from .services import validate_name
+from .registry import TASK_NAME_RE, registered_tasks
+from .services import validate_name, validate_priority
 
 API_KEY_PREFIX = "pgq_"
 
@@ -27,22 +30,117 @@ def _hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+#: The family of Django Tasks jobs ("django.tasks" and "django.tasks:<path>"): a wildcard of
+#: API_TASKS never matches it, and no default opens it, because its name is a module path.
+DJANGO_TASKS_FAMILY = "django.tasks"
+
+
+def _django_task_name(name: str) -> bool:
+    return name == DJANGO_TASKS_FAMILY or name.startswith(f"{DJANGO_TASKS_FAMILY}:")
+
+
+def api_tasks_problem(value: Any) -> str | None:
+    """What is wrong with a PGQUEUE["API_TASKS"] value, or None (for the system check)."""
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple):
+        return "must be None or a list of task names"
+    for entry in value:
+        if not isinstance(entry, str):
+            return "must hold only strings"
+        head = entry[:-1] if entry.endswith("*") else entry
+        if head and not TASK_NAME_RE.match(head.rstrip(".:")):
+            return f"holds {entry!r}, neither a task name nor a prefix ending in '*'"
+    return None
+
+
+def api_may_enqueue(task: str, allowed: Any) -> bool:
+    """Whether the HTTP API may enqueue ``task`` under API_TASKS ``allowed``.
+
+    None: every @pgqueue.task. A Django Task (``django.tasks:<path>``) only if listed by its
+    full name: its name is a module path, so a tenant who could pick it would pick code.
+    """
+    if allowed is None:
+        return not _django_task_name(task) and task in registered_tasks()
+    if task in allowed:
+        return True
+    if _django_task_name(task):
+        return False
+    return any(e.endswith("*") and task.startswith(e[:-1]) for e in allowed)
+
+
+def _names(values: Any, field: str) -> list[str]:
+    if values is None:
+        return []
+    if isinstance(values, str) or not isinstance(values, list | tuple):
+        raise InvalidJob(field, "must be a list of names")
+    if field == "tasks":
+        for value in values:
+            if not isinstance(value, str) or not TASK_NAME_RE.match(value):
+                raise InvalidJob(field, f"{value!r} is not a valid task name")
+        return list(values)
+    return [validate_name(value, field) for value in values]
+
+
+def validate_scope(
+    *, tasks: Any = None, queues: Any = None, max_priority: Any = None
+) -> tuple[list[str], list[str], int | None]:
+    """A key's scope, checked: task names, queue names, a priority or None."""
+    if max_priority is not None:
+        max_priority = validate_priority(max_priority)
+    return _names(tasks, "tasks"), _names(queues, "queues"), max_priority
+
+
+def set_api_key_scope(
+    prefix: str,
+    *,
+    tasks: list[str] | None = None,
+    queues: list[str] | None = None,
+    max_priority: int | None = None,
+    using: str = "default",
+) -> ApiKey:
+    """Narrow or widen a key's scope; its tenant and secret stay as they are."""
+    tasks, queues, max_priority = validate_scope(
+        tasks=tasks, queues=queues, max_priority=max_priority
+    )
+    row = ApiKey.objects.using(using).get(prefix=prefix)
+    row.tasks, row.queues, row.max_priority = tasks, queues, max_priority
+    row.save(update_fields=["tasks", "queues", "max_priority"])
+    return row
+
+
 def create_api_key(
-    *, tenant: str | None = None, name: str = "", using: str = "default"
+    *,
+    tenant: str | None = None,
+    name: str = "",
+    tasks: list[str] | None = None,
+    queues: list[str] | None = None,
+    max_priority: int | None = None,
+    using: str = "default",
 ) -> tuple[ApiKey, str]:
-    """Create an API key bound to ``tenant`` (created if new), or to all tenants when None.
+    """Create an API key bound to ``tenant`` (created if new), or to all tenants when None,
+    optionally narrowed to some tasks, queues and a highest priority.
 
     Returns the key's row and the key itself, which is not stored and cannot be shown again.
     """
     if tenant is not None:
         tenant = validate_name(tenant, "tenant")
+    tasks, queues, max_priority = validate_scope(
+        tasks=tasks, queues=queues, max_priority=max_priority
+    )
     prefix = secrets.token_hex(4)
     key = f"{API_KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
     with transaction.atomic(using=using):
         if tenant is not None:
             Tenant.objects.using(using).get_or_create(name=tenant)
         row = ApiKey.objects.using(using).create(
-            prefix=prefix, key_hash=_hash_key(key), tenant_id=tenant, name=name
+            prefix=prefix,
+            key_hash=_hash_key(key),
+            tenant_id=tenant,
+            name=name,
+            tasks=tasks,
+            queues=queues,
+            max_priority=max_priority,
         )
     return row, key
 

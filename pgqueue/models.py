@@ -356,6 +356,19 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # The key's scope, narrower than what its tenant and PGQUEUE["API_TASKS"] allow.
+    tasks = models.JSONField(
+        default=list, blank=True, help_text="Task names it may enqueue; empty: every API task."
+    )
+    queues = models.JSONField(
+        default=list, blank=True, help_text="Queues it may use and see; empty: every queue."
+    )
+    max_priority = models.SmallIntegerField(
+        null=True,
+        blank=True,
+        help_text="Highest priority it may set; empty: TENANT_MAX_PRIORITY for a tenant key, "
+        "100 for an all-tenants key.",
+    )
 
     class Meta:
         db_table = "pgqueue_api_key"

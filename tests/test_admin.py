@@ -939,13 +939,15 @@ class TestApiKeys:
         assert keys.authenticate_api_key(key) is None
         assert keys.authenticate_api_key(other) is not None
 
-    def test_keys_cannot_be_edited_or_deleted(self, admin_client):
+    def test_only_a_keys_scope_can_be_edited_and_keys_cannot_be_deleted(self, admin_client):
         row, _ = keys.create_api_key(name="one")
-        response = admin_client.post(f"{KEYS}{row.pk}/change/", {"name": "renamed"})
-        assert response.status_code == 403
+        response = admin_client.post(
+            f"{KEYS}{row.pk}/change/", {"name": "renamed", "tenant": "acme", "tasks": ""}
+        )
+        assert response.status_code == 302
         assert admin_client.get(f"{KEYS}{row.pk}/delete/").status_code == 403
         row.refresh_from_db()
-        assert row.name == "one"
+        assert (row.name, row.tenant_id) == ("one", None)
 
 
 def assert_nowhere_but_that_page(client: Client, response: Any, key: str) -> None:

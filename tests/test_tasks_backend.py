@@ -586,3 +586,47 @@ def test_the_task_of_a_killed_worker_is_completed_by_another(
     assert done.errors[0].exception_class is backends.LeaseExpired
     assert f"worker {a_id} stopped renewing it" in done.errors[0].traceback
     assert history(int(result.id)) == [(1, "lease_expired", a_id), (2, "done", b_id)]
+
+
+# -- what the runner resolves ----------------------------------------------------------------
+
+
+class _Job:
+    """What the runner reads of a job before it resolves the task."""
+
+    def __init__(self, path: str) -> None:
+        self.id, self.attempt, self.worker_id = 1, 1, "w"
+        self.task, self.queue, self.priority = f"django.tasks:{path}", "default", 0
+
+
+def _payload(path: str) -> dict[str, Any]:
+    return {"task": path, "backend": "default", "args": [], "kwargs": {}}
+
+
+def test_the_runner_never_imports_a_module_for_a_job() -> None:
+    import sys
+
+    path = "tests.taskapp.never_imported.anything"
+    assert "tests.taskapp.never_imported" not in sys.modules
+    with pytest.raises(pgqueue.PermanentError, match="not imported"):
+        backends.RUNNER.func(_payload(path), _Job(path))
+    assert "tests.taskapp.never_imported" not in sys.modules
+
+
+@pytest.mark.parametrize("path", ["os.system", "tests.taskapp.django_tasks.Job"])
+def test_the_runner_calls_only_a_django_task(path: str) -> None:
+    with pytest.raises(pgqueue.PermanentError, match="not a Task"):
+        backends.RUNNER.func(_payload(path), _Job(path))
+
+
+@pytest.mark.django_db
+def test_get_result_imports_only_the_path_the_job_was_enqueued_as() -> None:
+    import sys
+
+    job, _ = pgqueue.services.enqueue(
+        "django.tasks:tests.taskapp.django_tasks.noop",
+        {"task": "tests.taskapp.never_imported.anything", "backend": "default"},
+    )
+    with pytest.raises(TaskResultDoesNotExist):
+        backend().get_result(str(job.id))
+    assert "tests.taskapp.never_imported" not in sys.modules

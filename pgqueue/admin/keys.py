@@ -1,9 +1,10 @@
-"""API keys: created (the key shown once) and revoked through the service layer."""
+"""API keys: created (the key shown once), scoped and revoked through ``keys``."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -11,11 +12,47 @@ from django.template.response import TemplateResponse
 from django.utils.cache import add_never_cache_headers, patch_cache_control
 
 from .. import keys
+from ..exceptions import InvalidJob
 from ..models import ApiKey
 from .common import timestamp
 
 #: The page that shows a new key, once: the response to the add form's POST.
 CREATED_TEMPLATE = "admin/pgqueue/apikey/created.html"
+
+
+class NameListField(forms.CharField):
+    """A list of names typed as ``a, b``; empty is the empty list (no limit)."""
+
+    def prepare_value(self, value: Any) -> Any:
+        return ", ".join(value) if isinstance(value, list) else value
+
+    def to_python(self, value: Any) -> list[str]:
+        text = super().to_python(value) or ""
+        return [part.strip() for part in text.split(",") if part.strip()]
+
+
+class ApiKeyForm(forms.ModelForm):
+    """The scope fields as comma-separated names, checked as ``keys`` checks them."""
+
+    tasks = NameListField(required=False, help_text="a, b: the only tasks it may enqueue")
+    queues = NameListField(required=False, help_text="q1, q2: the only queues it may use")
+
+    class Meta:
+        model = ApiKey
+        fields = ["tenant", "name", "tasks", "queues", "max_priority"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        try:
+            keys.validate_scope(
+                tasks=data.get("tasks"),
+                queues=data.get("queues"),
+                max_priority=data.get("max_priority"),
+            )
+        except InvalidJob as exc:
+            field = "max_priority" if exc.field == "priority" else exc.field
+            self.add_error(field if field in self.fields else None, exc.reason)
+        return data
 
 
 @admin.register(ApiKey)
@@ -31,15 +68,17 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_display = ["prefix", "scope", "name", "created", "last_used", "revoked"]
     list_filter = ["revoked_at"]
     search_fields = ["prefix", "name", "tenant__name"]
-    fields = ["tenant", "name"]
+    form = ApiKeyForm
+    fields = ["tenant", "name", "tasks", "queues", "max_priority"]
     actions = ["revoke"]
 
     created = timestamp("created_at")
     last_used = timestamp("last_used_at", "last used")
     revoked = timestamp("revoked_at")
 
-    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
-        return obj is None and super().has_change_permission(request, obj)
+    def get_readonly_fields(self, request: Any, obj: Any = None) -> list[str]:
+        """A key's tenant and name are fixed once it exists; only its scope changes."""
+        return ["tenant", "name"] if obj is not None else []
 
     def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
         return False
@@ -49,7 +88,18 @@ class ApiKeyAdmin(admin.ModelAdmin):
         return obj.tenant_id or "all tenants"
 
     def save_model(self, request: Any, obj: ApiKey, form: Any, change: bool) -> None:
-        row, key = keys.create_api_key(tenant=obj.tenant_id, name=obj.name)
+        if change:
+            keys.set_api_key_scope(
+                obj.prefix, tasks=obj.tasks, queues=obj.queues, max_priority=obj.max_priority
+            )
+            return
+        row, key = keys.create_api_key(
+            tenant=obj.tenant_id,
+            name=obj.name,
+            tasks=obj.tasks,
+            queues=obj.queues,
+            max_priority=obj.max_priority,
+        )
         obj.pk = row.pk
         obj.prefix = row.prefix
         obj.created_at = row.created_at

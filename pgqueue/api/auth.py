@@ -81,10 +81,28 @@ class KeyUser:
 
 
 class Scope:
-    """Which tenants a request may see and act as."""
+    """Which tenants a request may see and act as, and what a key may enqueue.
 
-    def __init__(self, tenant: str | None) -> None:
+    A key's ``tasks`` and ``queues`` (empty: no limit) narrow what PGQUEUE["API_TASKS"]
+    and its tenant allow; ``max_priority`` is the highest priority it may set (a tenant
+    key's default is PGQUEUE["TENANT_MAX_PRIORITY"], an all-tenants key's 100). A session
+    has the limits of an all-tenants key without a scope.
+    """
+
+    def __init__(
+        self,
+        tenant: str | None,
+        *,
+        tasks: list[str] | None = None,
+        queues: list[str] | None = None,
+        max_priority: int | None = None,
+    ) -> None:
         self.tenant = tenant  # None: every tenant
+        self.tasks = list(tasks or [])
+        self.queues = list(queues or [])
+        if max_priority is None:
+            max_priority = pgqueue_settings.TENANT_MAX_PRIORITY if tenant is not None else 100
+        self.max_priority = max_priority
 
     @property
     def all_tenants(self) -> bool:
@@ -93,10 +111,38 @@ class Scope:
     def allows(self, tenant: str) -> bool:
         return self.tenant is None or self.tenant == tenant
 
+    def sees(self, job: Any) -> bool:
+        """A job this scope may read, cancel and retry: its tenant's, in its queues."""
+        return self.allows(job.tenant_id) and (not self.queues or job.queue in self.queues)
+
+    def check_enqueue(self, task: str, queue: str, priority: int) -> None:
+        """Refuse (403 naming the field) a job this scope may not enqueue, before any write.
+
+        ``queue`` and ``priority`` are the job's effective ones (the task's or the
+        settings' defaults filled in), so a default cannot be used to step outside.
+        """
+        if not keys.api_may_enqueue(task, pgqueue_settings.API_TASKS):
+            _forbidden("task", f"the HTTP API may not enqueue {task!r} (PGQUEUE['API_TASKS'])")
+        if self.tasks and task not in self.tasks:
+            _forbidden("task", f"this API key may not enqueue {task!r}")
+        if self.queues and queue not in self.queues:
+            _forbidden("queue", f"this API key may not use queue {queue!r}")
+        if priority > self.max_priority:
+            _forbidden("priority", f"this API key may set priorities up to {self.max_priority}")
+
+
+def _forbidden(field: str, reason: str) -> None:
+    from .errors import ApiError, safe_text
+
+    reason = safe_text(reason)
+    raise ApiError(403, "forbidden", f"{field}: {reason}", {field: reason})
+
 
 def scope_of(request: Any) -> Scope:
     key = request.auth if isinstance(request.auth, ApiKey) else None
-    return Scope(key.tenant_id if key is not None else None)
+    if key is None:
+        return Scope(None)
+    return Scope(key.tenant_id, tasks=key.tasks, queues=key.queues, max_priority=key.max_priority)
 
 
 #: The Django model permission a session user needs, by URL name and method. HEAD and

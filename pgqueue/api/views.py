@@ -25,9 +25,10 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from .. import reads, services
-from ..exceptions import InvalidJob
+from ..conf import pgqueue_settings
+from ..exceptions import InvalidJob, UnknownTask
 from ..models import Job, Status
-from ..registry import TASK_NAME_RE
+from ..registry import TASK_NAME_RE, get_task
 from .auth import (
     AllTenants,
     ApiKeyAuthentication,
@@ -241,12 +242,32 @@ def _task(data: dict[str, Any]) -> str:
     return task
 
 
+def _check_scope(scope: Scope, data: dict[str, Any]) -> None:
+    """The key's scope and API_TASKS, checked on the job's effective task, queue and
+    priority before the service layer writes anything. An unknown task or an invalid
+    option is left to the service layer's 400."""
+    task = _task(data)
+    try:
+        registered = get_task(task)
+    except UnknownTask:
+        return
+    queue = _typed(data, "queue", str, "a string")
+    priority = _typed(data, "priority", int, "an integer from -100 to 100")
+    if priority is not None and not -100 <= priority <= 100:
+        return  # out of range: the service layer's 400
+    scope.check_enqueue(
+        task,
+        queue or registered.queue or pgqueue_settings.DEFAULT_QUEUE,
+        priority if priority is not None else (registered.priority or 0),
+    )
+
+
 def _visible_job(request: Request, job_id: int) -> Job:
     """The job, if it exists and the caller's scope may see it; else 404 (never 403, so
     ids reveal nothing about other tenants' jobs)."""
     scope = scope_of(request)
     job = Job.objects.filter(pk=job_id).first()
-    if job is None or not scope.allows(job.tenant_id):
+    if job is None or not scope.sees(job):
         raise ApiError(404, "not_found", f"job {job_id} does not exist")
     return job
 
@@ -266,11 +287,14 @@ class JobsView(PgQueueView):
         data = _body(request, EnqueueRequest.FIELDS)
         scope = scope_of(request)
         key = _typed(data, "idempotency_key", str, "a string")
+        _task(data)  # a missing task is a 400 before anything else
+        tenant = _tenant_for(request, scope, data.get("tenant"))
+        _check_scope(scope, data)
         with _delay(data):
             job, created = services.enqueue(
                 _task(data),
                 data.get("payload", {}),
-                tenant=_tenant_for(request, scope, data.get("tenant")),
+                tenant=tenant,
                 idempotency_key=key,
                 **_options(data),
             )
@@ -298,6 +322,8 @@ class JobsView(PgQueueView):
         scope = scope_of(request)
         if scope.tenant is not None:
             jobs = jobs.filter(tenant_id=scope.tenant)
+        if scope.queues:
+            jobs = jobs.filter(queue__in=scope.queues)
         if "status" in params:
             if params["status"] not in Status.values:
                 raise bad_field("status", f"must be one of {', '.join(Status.values)}")
@@ -345,11 +371,15 @@ class JobBatchView(PgQueueView):
             raise bad_field("payloads", "must be a list of payloads")
         if len(payloads) > services.MAX_BATCH:  # one request, one statement
             raise bad_field("payloads", f"must hold at most {services.MAX_BATCH:,} payloads")
+        scope = scope_of(request)
+        _task(data)  # a missing task is a 400 before anything else
+        tenant = _tenant_for(request, scope, data.get("tenant"))
+        _check_scope(scope, data)
         with _delay(data):
             ids = services.enqueue_many(
                 _task(data),
                 payloads,
-                tenant=_tenant_for(request, scope_of(request), data.get("tenant")),
+                tenant=tenant,
                 **_options(data),
             )
         return Response({"ids": ids, "count": len(ids)}, status=status.HTTP_201_CREATED)

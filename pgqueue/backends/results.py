@@ -117,6 +117,10 @@ def read_result(alias: str, result_id: str) -> TaskResult:
         or (row["task"] != FAMILY and not row["task"].startswith(f"{FAMILY}:"))
         or not isinstance(payload, dict)
         or payload.get("backend") != alias
+        # The path imported below is the one the job was enqueued as, never one a payload
+        # names on its own: the runner refuses the same mismatch.
+        or not isinstance(payload.get("task"), str)
+        or row["task"] not in (FAMILY, f"{FAMILY}:{payload['task']}")
     ):
         raise TaskResultDoesNotExist(result_id)
     running = row["status"] == Status.RUNNING

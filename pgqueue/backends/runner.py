@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from traceback import format_exception
 from typing import Any
 
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from ..decorators import Task as PgQueueTask
 from ..decorators import task as pgqueue_task
@@ -57,9 +57,7 @@ def _run(payload: Any, job: Any) -> Any:
     path, alias = payload["task"], payload["backend"]
     if job.task not in (FAMILY, f"{FAMILY}:{path}"):
         raise PermanentError(f"job task {job.task!r} does not match its payload's {path!r}")
-    target = import_string(path)  # an ImportError is retried: a deploy may bring it
-    if not isinstance(target, Task):
-        raise PermanentError(f"{path} is not a Task of Django's Tasks framework")
+    target = _resolve(path)
     backend = task_backends[alias]
     if not isinstance(backend, ConfiguredBackend):
         raise PermanentError(f"TASKS[{alias!r}] is not a PgQueueBackend")
@@ -114,6 +112,25 @@ def _run(payload: Any, job: Any) -> Any:
     object.__setattr__(result, "_return_value", value)
     task_finished.send(sender, task_result=result)
     return value
+
+
+def _resolve(path: str) -> Task:
+    """The Django Task at ``path``, looked up among the modules already imported, never
+    imported for the job: a job's task name can come from a caller (an HTTP request), and
+    importing a module runs its code. The worker's start-up autodiscovery imports every
+    app's TASK_MODULES, so a project's tasks are there; anything else fails permanently.
+    """
+    module_path, _, attr = path.rpartition(".")
+    module = sys.modules.get(module_path) if module_path else None
+    if module is None:
+        raise PermanentError(
+            f"{path}: module {module_path!r} is not imported by this worker; a Django Task "
+            "must live in a module the worker imports at start-up (an app's TASK_MODULES)"
+        )
+    target = getattr(module, attr, None)
+    if not isinstance(target, Task):
+        raise PermanentError(f"{path} is not a Task of Django's Tasks framework")
+    return target
 
 
 def _finish_failed(sender: type, result: TaskResult, exc: BaseException) -> None:

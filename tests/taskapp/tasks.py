@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pgqueue
+from tests.taskapp import django_tasks  # noqa: F401  (the app's Django Tasks, for the worker)
 
 
 @pgqueue.task(name="test.noop")

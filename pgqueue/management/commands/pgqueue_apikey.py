@@ -25,6 +25,15 @@ class Command(BaseCommand):
         scope.add_argument("--tenant", help="the only tenant the key may act as")
         scope.add_argument("--all-tenants", action="store_true", help="a service key")
         create.add_argument("--name", default="", help="a label, e.g. who uses the key")
+        create.add_argument("--tasks", default="", help="a,b: the only tasks it may enqueue")
+        create.add_argument("--queues", default="", help="q1,q2: the only queues it may use")
+        create.add_argument(
+            "--max-priority",
+            type=int,
+            default=None,
+            help="the highest priority it may set (default: TENANT_MAX_PRIORITY for a "
+            "tenant key, 100 for an all-tenants key)",
+        )
         sub.add_parser("list", help="list keys (prefixes only)")
         revoke = sub.add_parser("revoke", help="revoke a key")
         revoke.add_argument("prefix")
@@ -36,6 +45,9 @@ class Command(BaseCommand):
                 row, key = keys.create_api_key(
                     tenant=None if options["all_tenants"] else options["tenant"],
                     name=options["name"],
+                    tasks=_split(options["tasks"]),
+                    queues=_split(options["queues"]),
+                    max_priority=options["max_priority"],
                 )
             except InvalidJob as exc:
                 raise CommandError(exc.detail) from None
@@ -61,3 +73,7 @@ class Command(BaseCommand):
             except ApiKey.DoesNotExist:
                 raise CommandError(f"no API key with prefix {options['prefix']!r}") from None
             self.stdout.write(f"revoked {row.prefix}")
+
+
+def _split(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
