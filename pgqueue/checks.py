@@ -157,6 +157,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     modules = s.TASK_MODULES
     if not isinstance(modules, list | tuple) or not all(isinstance(m, str) for m in modules):
         problems.append(f"PGQUEUE['TASK_MODULES'] must be a list of module names, got {modules!r}.")
+    for name, minimum in (("COUNT_CAP", 1), ("API_PAGE_BYTES", 1024), ("API_FIELD_BYTES", 64)):
+        problem = _number(name, getattr(s, name), minimum=minimum, integer=True)
+        if problem:
+            problems.append(problem)
     return [
         Error(
             p,
