@@ -143,7 +143,7 @@ def measure_reads() -> dict[str, list[float]]:
         cur.execute("SELECT max(id) FROM pgqueue_job")
         (top,) = cur.fetchone()
     # Where the 1,000th page of 50 starts, newest first (ids are dense in the fill).
-    deep = base64.urlsafe_b64encode(f"n:{(top or 0) - 999 * 50 + 1}".encode()).decode()
+    deep = base64.urlsafe_b64encode(f"n:{max(1, (top or 0) - 999 * 50 + 1)}".encode()).decode()
     urls = {
         "stats": "/stats",
         "metrics": "/metrics",
@@ -274,8 +274,12 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
     report += "\n\nReads, p50 ms per request (test client, middleware included):\n"
     report += table(["finished jobs", "/stats", "/metrics", "/jobs", "/jobs page 1000"], reads_rows)
     largest, empty = results[max(results)], results[0]
-    ratios = {op: largest[op]["p50"] / empty[op]["p50"] for op in TARGETS}
-    report += f"\n\np50 at {max(results):,} finished jobs over the empty table's:"
+    # The empty table has no 1,000th page: the deep page is set against its first page,
+    # the same fifty rows of work.
+    base = {**{op: op for op in TARGETS}, "jobs_page_1000": "jobs_first"}
+    ratios = {op: largest[op]["p50"] / empty[base[op]]["p50"] for op in TARGETS}
+    report += f"\n\np50 at {max(results):,} finished jobs over the empty table's (page 1000: "
+    report += "over the empty table's first page):"
     for op, target in TARGETS.items():
         verdict = "ok" if ratios[op] <= target else "OVER"
         report += f"\n  {op:<15} {ratios[op]:5.2f}x  (target <= {target}x)  {verdict}"

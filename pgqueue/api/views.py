@@ -389,13 +389,14 @@ def _within_budget(
     oversized payloads and results replaced by the marker; and whether any was left out."""
     results: list[dict[str, Any]] = []
     used = 0
+    serializer = JobListItemSerializer()  # one instance: its fields are built once, not per job
     for job in rows:
-        url = request.build_absolute_uri(reverse("pgqueue:job", kwargs={"job_id": job.id}))
         for field in ("payload", "result"):
             size = getattr(job, f"{field}_bytes")
             if size is not None and getattr(job, f"{field}_cut"):
+                url = request.build_absolute_uri(reverse("pgqueue:job", kwargs={"job_id": job.id}))
                 setattr(job, field, {"truncated": True, "bytes": size, "url": url})
-        data = JobListItemSerializer(job).data
+        data = serializer.to_representation(job)
         size = len(json.dumps(data, cls=DjangoJSONEncoder))
         if results and used + size > budget:
             return results, True
