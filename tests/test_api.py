@@ -816,7 +816,7 @@ class TestTenants:
         response = api.get("/tenants")
         assert response.status_code == 200, response.content
         data = response.json()
-        assert set(data) == {"count", "next", "previous", "results"}
+        assert set(data) == {"count", "count_is_estimate", "next", "previous", "results"}
         tenants = {t["name"]: t for t in data["results"]}
         assert {"acme", "globex"} <= set(tenants)
         assert data["count"] == len(tenants) == Tenant.objects.count()
@@ -958,6 +958,9 @@ class TestStats:
             "mean_run_seconds_60s": None,
             "workers_alive": 0,
             "dead": 0,
+            "capped": {},
+            "count_cap": 1000,
+            "dead_capped": False,
         }
 
 

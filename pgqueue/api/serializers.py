@@ -154,9 +154,11 @@ class TenantSerializer(serializers.Serializer):
 
 
 class TenantListSerializer(serializers.Serializer):
-    """GET /tenants: the same list shape as GET /jobs."""
+    """GET /tenants: the same list shape as GET /jobs (its count always exact: tenants are a
+    small table, so the list keeps limit and offset)."""
 
     count = serializers.IntegerField()
+    count_is_estimate = serializers.BooleanField(help_text="always false here")
     next = serializers.URLField(allow_null=True)
     previous = serializers.URLField(allow_null=True)
     results = TenantSerializer(many=True)

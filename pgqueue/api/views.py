@@ -139,6 +139,7 @@ def _page(
     return Response(
         {
             "count": count,
+            "count_is_estimate": False,  # GET /jobs' may be; an offset list counts exactly
             "next": link(offset + limit if offset + limit < count else None),
             "previous": link(max(offset - limit, 0) if offset > 0 else None),
             "results": results,
