@@ -12,9 +12,9 @@ keyset page of the primary key.
 =============================  =====================================================  ======
 read (reads.py)                what it reads                                          scans
 =============================  =====================================================  ======
-job_counts                     JOB_COUNT_LIVE (claim, scheduled, lease indexes: live  no
-                               rows only) + JOB_COUNT_FINISHED_BOUNDED (pgqueue_job_
-                               finished: ≤ COUNT_CAP + 1 entries per queue, status)
+job_counts                     JOB_COUNTS_BOUNDED: claim, scheduled, lease indexes    no
+                               (live rows only); pgqueue_job_finished (≤ COUNT_CAP
+                               + 1 entries per queue and finished status)
 oldest_runnable                queued rows, through pgqueue_job_claim                 no
 tenant_counts (annotation)     TENANT_JOBS_BACKLOG / _IN_STATUS per tenant asked for  no*
                                (pgqueue_job_tenant_status): live exact, done and
@@ -147,31 +147,21 @@ SELECT r.queue
  ORDER BY r.queue
 """
 
-# -- name: JOB_COUNT_LIVE
-# The live jobs by queue and status: (queue, status, n) for queued, scheduled and running.
-# Reads: the live rows only, one arm per status so that each matches its partial index —
-#   pgqueue_job_claim (queued, an index-only scan: queue leads it), pgqueue_job_scheduled
-#   and pgqueue_job_lease (their rows, for the queue). A single ``status IN (…)`` would not
-#   match any of them and would scan the table.
+# -- name: JOB_COUNTS_BOUNDED
+# Jobs by queue and status, (queue, status, n): the live statuses exact, the finished ones
+# counted up to %(bound)s rows and no further (n = %(bound)s means "at least that many").
+# Reads, under BOUNDED_COUNT_PLANS:
+#   - live rows only, one arm per status so that each matches its partial index:
+#     pgqueue_job_claim (queued; an index-only scan, queue leads it), pgqueue_job_scheduled
+#     and pgqueue_job_lease (their rows, for the queue). A single ``status IN (…)`` would
+#     match none of them and scan the table;
+#   - finished rows through the partial index pgqueue_job_finished (queue, status): the
+#     distinct queues by a skip scan (one probe per queue, as in QUEUE_UNSERVED; its
+#     ``status IN (…)`` is the index's own predicate), then per queue and status an
+#     index-only scan that stops after %(bound)s entries. Cost: at most %(bound)s entries
+#     per queue and finished status, whatever the history.
 # Called by reads.job_counts for /stats, /metrics (pgqueue_jobs) and the dashboard.
-JOB_COUNT_LIVE = """
-SELECT queue, 'queued', count(*) FROM pgqueue_job WHERE status = 'queued' GROUP BY queue
-UNION ALL
-SELECT queue, 'scheduled', count(*) FROM pgqueue_job WHERE status = 'scheduled' GROUP BY queue
-UNION ALL
-SELECT queue, 'running', count(*) FROM pgqueue_job WHERE status = 'running' GROUP BY queue
-"""
-
-# -- name: JOB_COUNT_FINISHED_BOUNDED
-# The finished jobs by queue, each status counted up to %(bound)s rows and no further:
-# (queue, done, dead, cancelled); a figure equal to %(bound)s means "at least that many".
-# Reads: the partial index pgqueue_job_finished (queue, status), finished rows only: the
-#   distinct queues by a skip scan (one probe per queue, as in QUEUE_UNSERVED; its
-#   ``status IN (…)`` is the index's own predicate), then per queue and status an index-only
-#   scan that stops after %(bound)s entries. Cost: at most %(bound)s entries per queue and
-#   status, whatever the history.
-# Called by reads.job_counts.
-JOB_COUNT_FINISHED_BOUNDED = """
+JOB_COUNTS_BOUNDED = """
 WITH RECURSIVE finished(queue) AS (
     (SELECT queue FROM pgqueue_job
       WHERE status IN ('done', 'dead', 'cancelled') ORDER BY queue LIMIT 1)
@@ -182,18 +172,27 @@ WITH RECURSIVE finished(queue) AS (
       FROM finished f
      WHERE f.queue IS NOT NULL
 )
-SELECT f.queue,
-       (SELECT count(*) FROM (SELECT 1 FROM pgqueue_job j
-                               WHERE j.queue = f.queue AND j.status = 'done'
-                               LIMIT %(bound)s) n),
-       (SELECT count(*) FROM (SELECT 1 FROM pgqueue_job j
-                               WHERE j.queue = f.queue AND j.status = 'dead'
-                               LIMIT %(bound)s) n),
-       (SELECT count(*) FROM (SELECT 1 FROM pgqueue_job j
-                               WHERE j.queue = f.queue AND j.status = 'cancelled'
-                               LIMIT %(bound)s) n)
-  FROM finished f
- WHERE f.queue IS NOT NULL
+SELECT queue, 'queued', count(*) FROM pgqueue_job WHERE status = 'queued' GROUP BY queue
+UNION ALL
+SELECT queue, 'scheduled', count(*) FROM pgqueue_job WHERE status = 'scheduled' GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*) FROM pgqueue_job WHERE status = 'running' GROUP BY queue
+UNION ALL
+SELECT f.queue, 'done', (SELECT count(*) FROM (SELECT 1 FROM pgqueue_job j
+                                                WHERE j.queue = f.queue AND j.status = 'done'
+                                                LIMIT %(bound)s) n)
+  FROM finished f WHERE f.queue IS NOT NULL
+UNION ALL
+SELECT f.queue, 'dead', (SELECT count(*) FROM (SELECT 1 FROM pgqueue_job j
+                                                WHERE j.queue = f.queue AND j.status = 'dead'
+                                                LIMIT %(bound)s) n)
+  FROM finished f WHERE f.queue IS NOT NULL
+UNION ALL
+SELECT f.queue, 'cancelled', (SELECT count(*) FROM (SELECT 1 FROM pgqueue_job j
+                                                     WHERE j.queue = f.queue
+                                                       AND j.status = 'cancelled'
+                                                     LIMIT %(bound)s) n)
+  FROM finished f WHERE f.queue IS NOT NULL
 """
 
 # -- name: TENANT_JOBS_BACKLOG (a correlated fragment of reads.tenant_counts)
@@ -222,7 +221,7 @@ QUERY_PLAN_ROWS = "EXPLAIN (FORMAT JSON) "
 
 # -- name: BOUNDED_COUNT_PLANS
 # For the rest of the transaction, no sequential and no bitmap scans: the counts up to a
-# cap (JOB_COUNT_FINISHED_BOUNDED, TENANT_JOBS_IN_STATUS) and the live counts beside them
+# cap (JOB_COUNTS_BOUNDED, TENANT_JOBS_IN_STATUS) and the live counts beside them
 # then read their index in order and stop at the LIMIT, whatever the planner's estimate of
 # the value's share. SET LOCAL ends with the transaction; it takes no lock. Called by
 # reads._stopping_scans (job_counts, tenant_summaries).

@@ -105,7 +105,9 @@ def _stopping_scans(using: str) -> Iterator[Any]:
     cannot tell a tenant or queue with no finished job from an average one, so for these
     statements it is not asked to choose: both are turned off for one transaction.
     """
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+    # No savepoint: a read inside the caller's transaction needs none, and the page's query
+    # count stays that of its statements.
+    with transaction.atomic(using=using, savepoint=False), connections[using].cursor() as cursor:
         cursor.execute(read_sql.BOUNDED_COUNT_PLANS)
         yield cursor
 
@@ -113,21 +115,18 @@ def _stopping_scans(using: str) -> Iterator[Any]:
 def job_counts(*, using: str = "default") -> dict[str, dict[str, int]]:
     """Jobs by queue and status, ``{queue: {status: n}}``: only the pairs that have jobs.
 
-    Live statuses are exact (JOB_COUNT_LIVE: the partial indexes, live rows only); finished
-    ones are counted up to COUNT_CAP (JOB_COUNT_FINISHED_BOUNDED) and are a BoundedCount past
-    it. Nothing here reads every job: a year of history costs what a day does.
+    One statement, JOB_COUNTS_BOUNDED: live statuses exact (the partial indexes, live rows
+    only), finished ones counted up to COUNT_CAP and a BoundedCount past it. Nothing here
+    reads every job: a year of history costs what a day does.
     """
     cap = count_cap()
     queues: dict[str, dict[str, int]] = defaultdict(dict)
     with _stopping_scans(using) as cursor:
-        cursor.execute(read_sql.JOB_COUNT_LIVE)
-        for queue, status, n in cursor.fetchall():
-            queues[queue][status] = n
-        cursor.execute(read_sql.JOB_COUNT_FINISHED_BOUNDED, {"bound": cap + 1})
-        for queue, *finished in cursor.fetchall():
-            for status, n in zip(FINISHED_STATUSES, finished, strict=True):
-                if n:
-                    queues[queue][status] = bounded(n, cap)
+        cursor.execute(read_sql.JOB_COUNTS_BOUNDED, {"bound": cap + 1})
+        rows = cursor.fetchall()
+    for queue, status, n in rows:
+        if n:
+            queues[queue][status] = bounded(n, cap) if status in FINISHED_STATUSES else n
     return dict(queues)
 
 
