@@ -1,20 +1,27 @@
-"""Scale of the table: enqueue, claim and complete latency beside 0 to 1,000,000 old jobs.
+"""Scale of the table: the hot path and the reads beside 0 to 10,000,000 old jobs.
 
-For each size (0, 100,000 and 1,000,000 finished jobs; quick: 0 and 100,000) the tables
+For each size (0, 1,000,000 and 10,000,000 finished jobs, the largest set by
+TABLE_SCALE_ROWS; quick: 0 and 100,000) the tables
 are emptied and filled with that many 'done' jobs (and their attempt rows) by one
 INSERT ... SELECT generate_series each, then VACUUM ANALYZE. Then, from this process:
 500 single enqueues (pgqueue.enqueue, each its own transaction), and 500 claims of one
 job each, every one followed by its completion (pgqueue.store.claim and complete_many on
 a psycopg connection made as the worker makes its own), each call timed on its own. The
 claim index is partial (status = 'queued'), so finished jobs are not in it: the hot path
-should not notice them.
+should not notice them. Then the reads an operator or a scraper makes, each timed
+through Django's test client with an all-tenants API key (whole requests, middleware
+included): GET /stats, GET /metrics, GET /jobs (the first page of 50) and the 1,000th page
+of 50 by cursor. Each is printed as a ratio of its p50 to the empty table's, beside its
+target: claim and enqueue at most 1.2x, the reads at most 2x.
 
-    python scripts/with_db.py -- python -m bench.table_scale [--quick]
+    BENCH_DB=pgq_reads_bench python scripts/with_db.py -- python -m bench.table_scale [--quick]
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +29,19 @@ from typing import Any
 from bench.common import percentile, reset_tables, table
 
 OPS = 500
+READS = 30  # timed requests of each read
+#: The largest table of the full run (TABLE_SCALE_ROWS, e.g. 2000000 where loading ten
+#: million rows takes too long).
+MAX_ROWS = int(os.environ.get("TABLE_SCALE_ROWS", "10000000"))
+#: p50 at the largest size over p50 on the empty table, at most.
+TARGETS = {
+    "enqueue": 1.2,
+    "claim": 1.2,
+    "stats": 2.0,
+    "metrics": 2.0,
+    "jobs_first": 2.0,
+    "jobs_page_1000": 2.0,
+}
 WARMUP = 20  # operations of each kind before the timed ones (connections, plan caches)
 WORKER = "bench-table-scale"
 
@@ -110,6 +130,40 @@ def measure() -> tuple[dict[str, list[float]], str]:
     return {"enqueue": enqueue_ms, "claim": claim_ms, "complete": complete_ms}, plan
 
 
+def measure_reads() -> dict[str, list[float]]:
+    """Milliseconds of each timed request of the reads (see the module's docstring)."""
+    from django.db import connection
+    from django.test import Client
+
+    from pgqueue import keys
+
+    key = keys.create_api_key(tenant=None)[1]
+    client = Client(HTTP_HOST="localhost", HTTP_AUTHORIZATION=f"Bearer {key}")
+    with connection.cursor() as cur:
+        cur.execute("SELECT max(id) FROM pgqueue_job")
+        (top,) = cur.fetchone()
+    # Where the 1,000th page of 50 starts, newest first (ids are dense in the fill).
+    deep = base64.urlsafe_b64encode(f"n:{max(1, (top or 0) - 999 * 50 + 1)}".encode()).decode()
+    urls = {
+        "stats": "/stats",
+        "metrics": "/metrics",
+        "jobs_first": "/jobs",
+        "jobs_page_1000": f"/jobs?cursor={deep.rstrip('=')}",
+    }
+    timings: dict[str, list[float]] = {}
+    for name, url in urls.items():
+        timings[name] = []
+        for i in range(WARMUP // 4 + READS):
+            t0 = time.perf_counter()
+            response = client.get(url)
+            elapsed = (time.perf_counter() - t0) * 1000
+            if response.status_code != 200:
+                raise RuntimeError(f"GET {url}: {response.status_code} {response.content[:200]!r}")
+            if i >= WARMUP // 4:
+                timings[name].append(elapsed)
+    return timings
+
+
 def claim_plan() -> str:
     """The scan EXPLAIN shows for the claim's locking SELECT, as the claims will find it."""
     from django.db import connection
@@ -163,12 +217,13 @@ def chart(results: dict[int, dict[str, Any]], path: Path) -> Path | None:
 
 
 def run(quick: bool, out_dir: Path) -> dict[str, Any]:
-    counts = [0, 100_000] if quick else [0, 100_000, 1_000_000]
+    counts = [0, 100_000] if quick else sorted({0, min(1_000_000, MAX_ROWS), MAX_ROWS})
     results: dict[int, dict[str, Any]] = {}
     for rows in counts:
         reset_tables()
         fill_s = fill(rows)
         timings, plan = measure()
+        timings.update(measure_reads())
         results[rows] = {
             "fill_seconds": round(fill_s, 1),
             "claim_plan": plan,
@@ -211,7 +266,24 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         ],
         rows_out,
     )
-    report += "\nms per call, client side, each its own transaction (one commit). The claim's scan:"
+    report += "\nms per call, client side, each its own transaction (one commit)."
+    reads_rows = [
+        [f"{rows:,}", *(f"{r[op]['p50']:.2f}" for op in TARGETS if op not in ("enqueue", "claim"))]
+        for rows, r in results.items()
+    ]
+    report += "\n\nReads, p50 ms per request (test client, middleware included):\n"
+    report += table(["finished jobs", "/stats", "/metrics", "/jobs", "/jobs page 1000"], reads_rows)
+    largest, empty = results[max(results)], results[0]
+    # The empty table has no 1,000th page: the deep page is set against its first page,
+    # the same fifty rows of work.
+    base = {**{op: op for op in TARGETS}, "jobs_page_1000": "jobs_first"}
+    ratios = {op: largest[op]["p50"] / empty[base[op]]["p50"] for op in TARGETS}
+    report += f"\n\np50 at {max(results):,} finished jobs over the empty table's (page 1000: "
+    report += "over the empty table's first page):"
+    for op, target in TARGETS.items():
+        verdict = "ok" if ratios[op] <= target else "OVER"
+        report += f"\n  {op:<15} {ratios[op]:5.2f}x  (target <= {target}x)  {verdict}"
+    report += "\n\nThe claim's scan:"
     for rows, r in results.items():
         report += f"\n  {rows:>9,} finished jobs: {r['claim_plan']}"
     charts = []
@@ -224,13 +296,18 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         f"ANALYZE. Then {OPS} single pgqueue.enqueue calls, and {OPS} claims of one job each "
         "(pgqueue.store.claim), each followed by its completion (store.complete_many), on a "
         f"psycopg connection made as the worker's; after {WARMUP} untimed calls of each. "
-        "Latency is per call, measured in this process, one commit each."
+        "Latency is per call, measured in this process, one commit each. Then "
+        f"{READS} requests each of GET /stats, /metrics, /jobs and its 1,000th page by "
+        "cursor, through Django's test client with an API key, after a few untimed ones."
     )
     return {
         "title": "Scale of the table",
         "method": method,
         "report": report,
-        "figures": {str(k): v for k, v in results.items()},
+        "figures": {
+            **{str(k): v for k, v in results.items()},
+            "ratios": {op: round(r, 3) for op, r in ratios.items()},
+        },
         "charts": charts,
     }
 

@@ -184,6 +184,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         if problem:
             problems.append(problem)
     problems.extend(_retention_problems(s.RETENTION))
+    for name, minimum in (("COUNT_CAP", 1), ("API_PAGE_BYTES", 1024), ("API_FIELD_BYTES", 64)):
+        problem = _number(name, getattr(s, name), minimum=minimum, integer=True)
+        if problem:
+            problems.append(problem)
     return [
         Error(
             p,

@@ -91,6 +91,16 @@ DEFAULTS: dict[str, Any] = {
     # The highest priority a tenant key may set (-100..100) unless its own max_priority
     # says otherwise: priority orders before fairness, so it is an operator's lever.
     "TENANT_MAX_PRIORITY": 0,
+    # Counts that grow with the history (finished jobs by queue or tenant, a filtered
+    # GET /jobs) are exact up to this many; past it they read "N+" (or, for GET /jobs, an
+    # estimate flagged count_is_estimate), so no page or scrape reads every job.
+    "COUNT_CAP": 1000,
+    # Most bytes of JSON one page of GET /jobs carries; the page ends early (its "next"
+    # goes on from there) rather than go past it. One job is always returned.
+    "API_PAGE_BYTES": 1024 * 1024,
+    # A payload or result larger than this many bytes of JSON is shown in GET /jobs as
+    # {"truncated": true, "bytes": N, "url": ...}; GET /jobs/<id> returns it whole.
+    "API_FIELD_BYTES": 16 * 1024,
 }
 
 #: The statuses RETENTION applies to: those a job leaves only by an operator's retry.

@@ -5,8 +5,9 @@ re-reads everything on each refresh (every ``REFRESH_SECONDS``, by a ``<meta>`` 
 script, no request leaves this server), so each read must stay cheap however large the job
 table grows. The reads are ``pgqueue.reads``'s, which state their costs. In short:
 
-* one sequential scan of ``pgqueue_job`` for the counts by status (the finished statuses
-  are as large as the history; counting them exactly is the point of that tile);
+* the counts by queue and status (``reads.job_counts``): the live statuses exact through
+  their partial indexes, the finished ones counted up to ``PGQUEUE["COUNT_CAP"]`` through
+  pgqueue_job_finished_queue and shown as "N+" past it, so the tile costs the same after a year;
 * the live rows only (queued, scheduled) through the partial indexes the claim and promote
   statements use, for the backlog and the oldest runnable job;
 * the last hour of ``pgqueue_job_attempt`` through its ``finished_at`` index, joined to the
@@ -15,7 +16,7 @@ table grows. The reads are ``pgqueue.reads``'s, which state their costs. In shor
 * the queues with runnable jobs that no live worker serves: one probe of the claim index
   per queue (``reads.unserved_queues``).
 
-The number of queries is fixed (eight), whatever the number of jobs, tenants or queues.
+The number of queries is fixed (nine), whatever the number of jobs, tenants or queues.
 The data is gathered by ``dashboard_data`` and drawn by ``pgqueue.chart`` so both can be
 tested without a browser.
 """
@@ -29,6 +30,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
+from django.utils.formats import number_format
 from django.utils.safestring import mark_safe
 
 from . import reads
@@ -49,6 +51,14 @@ TOP_TASKS = 10
 WORKERS_SHOWN = 50
 
 
+def count_label(n: int) -> str:
+    """A count as the page prints it: grouped digits, "N+" for a count that stopped at its
+    bound (``reads.BoundedCount``)."""
+    if isinstance(n, reads.BoundedCount):
+        return number_format(int(n) - 1, 0, force_grouping=True) + "+"
+    return number_format(n, 0, force_grouping=True)
+
+
 def window(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
     """The "last hour" every section uses: the ``WINDOW_MINUTES`` whole minutes up to and
     including the current one, so the chart's buckets and the totals beside it agree."""
@@ -66,18 +76,20 @@ def _queues(now: dt.datetime, using: str) -> tuple[dict[str, int], list[dict[str
     by_queue = reads.job_counts(using=using)
     oldest = reads.oldest_runnable(using=using)
     unserved = set(reads.unserved_queues(now, using=using))
-    totals = dict.fromkeys(Status.values, 0)
+    totals: dict[str, int] = dict.fromkeys(Status.values, 0)
     for counts in by_queue.values():
         for status, n in counts.items():
-            totals[status] = totals.get(status, 0) + n
+            totals[status] = n + totals.get(status, 0)  # a bounded count stays bounded
     queues = []
     for name in sorted(set(by_queue) | set(oldest)):
+        counts = {**dict.fromkeys(Status.values, 0), **by_queue.get(name, {})}
         queued_at = oldest.get(name)
         age = max(0.0, (now - queued_at).total_seconds()) if queued_at else None
         queues.append(
             {
                 "queue": name,
-                "counts": {**dict.fromkeys(Status.values, 0), **by_queue.get(name, {})},
+                "counts": counts,
+                "labels": {status: count_label(n) for status, n in counts.items()},
                 "oldest_queued_at": queued_at,
                 "oldest_age_seconds": age,
                 "oldest_age": format_seconds(age),
@@ -154,7 +166,7 @@ def dashboard_data(now: dt.datetime | None = None, *, using: str = "default") ->
     """Everything the page shows, as plain numbers (and a few display strings).
 
     ``now`` is injectable so tests can place attempts in chosen minutes; it defaults to the
-    application's clock. Eight queries, whatever the size of the tables.
+    application's clock. Nine queries, whatever the size of the tables.
     """
     now = (now or timezone.now()).astimezone(dt.UTC)
     since, until = window(now)
@@ -167,6 +179,7 @@ def dashboard_data(now: dt.datetime | None = None, *, using: str = "default") ->
         "until": until,
         "statuses": totals,
         "total_jobs": sum(totals.values()),
+        "total_jobs_label": count_label(sum(totals.values())),
         "queues": queues,
         "tenants": tenants,
         # With no backlog to list, the tenant query has no row to carry the hour's total:
@@ -205,6 +218,8 @@ def dashboard_view(request: HttpRequest, context: dict[str, Any]) -> HttpRespons
             "chart": mark_safe(chart),  # every text in it is escaped
             "refresh_seconds": REFRESH_SECONDS,
             "window_minutes": WINDOW_MINUTES,
-            "statuses": [(s.label, s.value, data["statuses"].get(s.value, 0)) for s in Status],
+            "statuses": [
+                (s.label, s.value, count_label(data["statuses"].get(s.value, 0))) for s in Status
+            ],
         },
     )

@@ -3,9 +3,13 @@
 The collector queries the database at scrape time, so every process serving /metrics
 (each gunicorn worker) reports the same numbers: nothing is kept per process, and no
 multiprocess directory is needed for pgqueue's series. The gauges are ``pgqueue.reads``'s
-figures, the same the dashboard and /stats show. The outcome counters and run-time
-histograms come from pgqueue_task_stat, which maintenance keeps up to date from the
-attempt history, so they are monotonic and cost a few rows per task to read.
+figures, the same the dashboard and /stats show, and like them no scrape reads every job:
+``pgqueue_jobs`` is exact for the live statuses (scheduled, queued, running: the partial
+indexes), and for the finished ones (done, dead, cancelled) counts up to
+``PGQUEUE["COUNT_CAP"]`` + 1 rows per queue, a lower bound past the cap (rates of finished
+work come from ``pgqueue_job_outcomes``, which is exact and monotonic). The outcome
+counters and run-time histograms come from pgqueue_task_stat, which maintenance keeps up to
+date from the attempt history, so they are monotonic and cost a few rows per task to read.
 """
 
 from __future__ import annotations
@@ -34,11 +38,13 @@ TOP_TENANTS = 20
 class PgQueueCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         jobs = GaugeMetricFamily(
-            "pgqueue_jobs", "Jobs by queue and status", labels=["queue", "status"]
+            "pgqueue_jobs",
+            "Jobs by queue and status (done, dead, cancelled: counted up to COUNT_CAP + 1)",
+            labels=["queue", "status"],
         )
         for queue, statuses in reads.job_counts().items():
             for status, n in statuses.items():
-                jobs.add_metric([queue, status], n)
+                jobs.add_metric([queue, status], int(n))
         yield jobs
 
         oldest = GaugeMetricFamily(

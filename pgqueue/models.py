@@ -165,6 +165,14 @@ class Job(models.Model):
             ),
             # Per-tenant counts and listings (the API's /tenants, tenant keys, the admin).
             models.Index(fields=["tenant", "status"], name="pgqueue_job_tenant_status"),
+            # Bounded counts of finished jobs by queue (reads.job_counts: at most
+            # FINISHED_COUNT_CAP + 1 entries per queue and status) and the skip scan of the
+            # queues that have any. Finished rows only: enqueue and claim never write it.
+            models.Index(
+                fields=["queue", "status"],
+                condition=Q(status__in=["done", "dead", "cancelled"]),
+                name="pgqueue_job_finished_queue",
+            ),
             # JOB_REAP_EXPIRED: running jobs by lease expiry.
             models.Index(
                 fields=["lease_expires_at"],

@@ -4,18 +4,24 @@
 job tables. Each statement says what it reads, which index serves it and who calls it. None
 takes a row lock. Parameters are bound by the driver (``%(name)s``), never formatted in.
 
-What every read of ``pgqueue.reads`` costs today, raw or ORM, so that bounding the ones that
-grow with the history is a change to this list:
+What every read of ``pgqueue.reads`` costs, raw or ORM. None reads every job: the live
+rows come from the partial indexes that hold only them, finished rows are counted up to
+``PGQUEUE["COUNT_CAP"]`` (a BoundedCount, "N+", past it), and a page of GET /jobs is one
+keyset page of the primary key.
 
 =============================  =====================================================  ======
 read (reads.py)                what it reads                                          scans
 =============================  =====================================================  ======
-job_counts                     every row of pgqueue_job (GROUP BY queue, status)      yes
+job_counts                     JOB_COUNTS_BOUNDED: claim, scheduled, lease indexes    no
+                               (live rows only); pgqueue_job_finished_queue (≤ COUNT_CAP
+                               + 1 entries per queue and finished status)
 oldest_runnable                queued rows, through pgqueue_job_claim                 no
-tenant_counts (annotation)     every job of the tenants asked for (LEFT JOIN, by      yes*
-                               tenant; pgqueue_job_tenant_status when few tenants)
-tenant_summaries               tenant_counts for the tenants named (or all)           yes*
-tenant_page                    pgqueue_tenant's count and one page of names, then     yes*
+tenant_counts (annotation)     TENANT_JOBS_BACKLOG / _IN_STATUS per tenant asked for  no*
+                               (pgqueue_job_tenant_status): live exact, done and
+                               dead ≤ COUNT_CAP + 1 entries
+tenant_summaries               tenant_counts for the tenants named (or all), under    no*
+                               BOUNDED_COUNT_PLANS
+tenant_page                    pgqueue_tenant's count and one page of names, then     no*
                                tenant_summaries for that page (GET /tenants)
 tenant_done_share (annot.)     the last hour's done attempts (pgqueue_attempt_        no
                                finished), joined to their jobs by primary key
@@ -30,10 +36,17 @@ unserved_queues                QUEUE_UNSERVED: one probe of pgqueue_job_claim pe
                                queue with runnable jobs, and pgqueue_worker
 unserved_tasks                 TASK_UNSERVED: pgqueue_worker, for the task names      no
                                asked for (a page of the admin's job list)
+bounded_count (GET /jobs)      ids in pk order, LIMIT COUNT_CAP + 1; past it          no
+                               TABLE_ROW_ESTIMATE or QUERY_PLAN_ROWS (no row read)
+job_list_page (GET /jobs)      ``id < cursor ORDER BY id DESC LIMIT n`` on the pk;    no**
+                               payload/result sizes, loaded only when small
 =============================  =====================================================  ======
 
-``*``: all jobs of the tenants asked for, finished ones included: for a page of /tenants,
-the jobs of at most ``limit`` tenants.
+``*``: per tenant asked for (at most ``limit`` for a page of /tenants), its live jobs and
+at most COUNT_CAP + 1 finished ones of each status. The admin's tenant list sorts on these
+annotations across all tenants.
+``**``: unfiltered, or filtered on a common value. A filter that matches few jobs (a rare
+task, an old date) walks the primary key until it has found a page's worth.
 """
 
 from __future__ import annotations
@@ -156,3 +169,83 @@ SELECT t.task
                OR w.tasks @> jsonb_build_array(split_part(t.task, ':', 1) || ':*')))
  ORDER BY t.task
 """
+
+# -- name: JOB_COUNTS_BOUNDED
+# Jobs by queue and status, (queue, status, n): the live statuses exact, the finished ones
+# counted up to %(bound)s rows and no further (n = %(bound)s means "at least that many").
+# Reads, under BOUNDED_COUNT_PLANS:
+#   - live rows only, one arm per status so that each matches its partial index:
+#     pgqueue_job_claim (queued; an index-only scan, queue leads it), pgqueue_job_scheduled
+#     and pgqueue_job_lease (their rows, for the queue). A single ``status IN (…)`` would
+#     match none of them and scan the table;
+#   - finished rows through the partial index pgqueue_job_finished_queue (queue, status): the
+#     distinct queues by a skip scan (one probe per queue, as in QUEUE_UNSERVED; its
+#     ``status IN (…)`` is the index's own predicate), then per queue and status an
+#     index-only scan that stops after %(bound)s entries. Cost: at most %(bound)s entries
+#     per queue and finished status, whatever the history.
+# Called by reads.job_counts for /stats, /metrics (pgqueue_jobs) and the dashboard.
+JOB_COUNTS_BOUNDED = """
+WITH RECURSIVE finished(queue) AS (
+    (SELECT queue FROM pgqueue_job
+      WHERE status IN ('done', 'dead', 'cancelled') ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM pgqueue_job j
+             WHERE j.status IN ('done', 'dead', 'cancelled') AND j.queue > f.queue
+             ORDER BY j.queue LIMIT 1)
+      FROM finished f
+     WHERE f.queue IS NOT NULL
+)
+SELECT queue, 'queued', count(*) FROM pgqueue_job WHERE status = 'queued' GROUP BY queue
+UNION ALL
+SELECT queue, 'scheduled', count(*) FROM pgqueue_job WHERE status = 'scheduled' GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*) FROM pgqueue_job WHERE status = 'running' GROUP BY queue
+UNION ALL
+SELECT f.queue, 'done', (SELECT count(*) FROM (SELECT 1 FROM pgqueue_job j
+                                                WHERE j.queue = f.queue AND j.status = 'done'
+                                                LIMIT %(bound)s) n)
+  FROM finished f WHERE f.queue IS NOT NULL
+UNION ALL
+SELECT f.queue, 'dead', (SELECT count(*) FROM (SELECT 1 FROM pgqueue_job j
+                                                WHERE j.queue = f.queue AND j.status = 'dead'
+                                                LIMIT %(bound)s) n)
+  FROM finished f WHERE f.queue IS NOT NULL
+UNION ALL
+SELECT f.queue, 'cancelled', (SELECT count(*) FROM (SELECT 1 FROM pgqueue_job j
+                                                     WHERE j.queue = f.queue
+                                                       AND j.status = 'cancelled'
+                                                     LIMIT %(bound)s) n)
+  FROM finished f WHERE f.queue IS NOT NULL
+"""
+
+# -- name: TENANT_JOBS_BACKLOG (a correlated fragment of reads.tenant_counts)
+# The queued + scheduled jobs of the outer query's tenant (pgqueue_tenant.name): exact,
+# through pgqueue_job_tenant_status (tenant, status), the live rows of that tenant only.
+TENANT_JOBS_BACKLOG = """
+SELECT count(*) FROM pgqueue_job j
+ WHERE j.tenant = pgqueue_tenant.name AND j.status IN ('queued', 'scheduled')
+"""
+
+# -- name: TENANT_JOBS_IN_STATUS (a correlated fragment of reads.tenant_counts)
+# The jobs of the outer query's tenant in status %s, counted up to %s rows: an index-only
+# scan of pgqueue_job_tenant_status that stops there. Exact for the live status (running);
+# bounded for the finished ones, whose rows grow with the history.
+TENANT_JOBS_IN_STATUS = """
+SELECT count(*) FROM (SELECT 1 FROM pgqueue_job j
+                       WHERE j.tenant = pgqueue_tenant.name AND j.status = %s
+                       LIMIT %s) n
+"""
+
+# -- name: QUERY_PLAN_ROWS
+# The planner's row estimate of a filtered job list (EXPLAIN without ANALYZE: nothing is
+# read but the statistics). Prefixes the list's own SELECT; called by reads.estimate_rows
+# for GET /jobs when more rows match than COUNT_CAP.
+QUERY_PLAN_ROWS = "EXPLAIN (FORMAT JSON) "
+
+# -- name: BOUNDED_COUNT_PLANS
+# For the rest of the transaction, no sequential and no bitmap scans: the counts up to a
+# cap (JOB_COUNTS_BOUNDED, TENANT_JOBS_IN_STATUS) and the live counts beside them
+# then read their index in order and stop at the LIMIT, whatever the planner's estimate of
+# the value's share. SET LOCAL ends with the transaction; it takes no lock. Called by
+# reads._stopping_scans (job_counts, tenant_summaries).
+BOUNDED_COUNT_PLANS = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"

@@ -9,27 +9,34 @@ paths: nothing here locks a row. The write side is ``pgqueue.sql`` + ``pgqueue.s
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import (
     Avg,
     BooleanField,
+    Case,
     Count,
     DurationField,
     ExpressionWrapper,
     F,
+    Func,
     Max,
     Min,
     OuterRef,
     Q,
     QuerySet,
     Subquery,
+    TextField,
+    When,
 )
-from django.db.models.functions import TruncMinute
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Cast, TruncMinute
 from django.utils import timezone
 
 from . import read_sql
@@ -47,6 +54,9 @@ from .models import (
 
 #: The jobs waiting to run: runnable now, or later (delayed, backing off).
 BACKLOG_STATUSES = (Status.QUEUED, Status.SCHEDULED)
+#: The statuses a job ends in: their rows grow with the history, so they are counted up to
+#: COUNT_CAP only.
+FINISHED_STATUSES = (Status.DONE, Status.DEAD, Status.CANCELLED)
 #: Attempts that did not succeed: the handler failed, or its worker stopped renewing the lease.
 FAILED_OUTCOMES = (Outcome.FAILED, Outcome.LEASE_EXPIRED)
 #: The window of /stats' throughput, error rate and mean run time.
@@ -65,16 +75,73 @@ class Bucket:
 # -- jobs --------------------------------------------------------------------------------
 
 
+class BoundedCount(int):
+    """A count that stopped at its bound: the rows counted (bound + 1), a true lower bound.
+
+    Compares and sums as a number (a sum with one is bounded too) and reads as "N+", N being
+    the bound: "1000+" is "more than 1000". The admin's lists and the dashboard show it so.
+    """
+
+    def __str__(self) -> str:
+        return f"{int(self) - 1}+"
+
+    def __format__(self, spec: str) -> str:
+        return str(self) if not spec else int.__format__(int(self) - 1, spec) + "+"
+
+    def __add__(self, other: Any) -> Any:
+        return BoundedCount(int(self) + int(other)) if isinstance(other, int) else NotImplemented
+
+    __radd__ = __add__
+
+
+def bounded(counted: int, bound: int) -> int:
+    """``counted`` rows of a count stopped after ``bound + 1``: a BoundedCount past ``bound``."""
+    return BoundedCount(counted) if counted > bound else counted
+
+
+def count_cap() -> int:
+    """How far counts that grow with the history are taken (``PGQUEUE["COUNT_CAP"]``)."""
+    return int(pgqueue_settings.COUNT_CAP)
+
+
+@contextmanager
+def _stopping_scans(using: str) -> Iterator[Any]:
+    """A cursor whose plans stop where a LIMIT says (BOUNDED_COUNT_PLANS).
+
+    A count "up to the cap" is bounded only if it reads an index in order and stops: a
+    bitmap scan collects every matching entry first, and a sequential scan the planner
+    picks for a common value can run past the end of a rare one. The planner's estimates
+    cannot tell a tenant or queue with no finished job from an average one, so for these
+    statements it is not asked to choose: both are turned off for one transaction.
+    """
+    # No savepoint: a read inside the caller's transaction needs none, and the page's query
+    # count stays that of its statements.
+    with transaction.atomic(using=using, savepoint=False), connections[using].cursor() as cursor:
+        cursor.execute(read_sql.BOUNDED_COUNT_PLANS)
+        yield cursor
+
+
 def job_counts(*, using: str = "default") -> dict[str, dict[str, int]]:
     """Jobs by queue and status, ``{queue: {status: n}}``: only the pairs that have jobs.
 
-    Scans pgqueue_job (a GROUP BY over every row, finished ones included).
+    One statement, JOB_COUNTS_BOUNDED: live statuses exact (the partial indexes, live rows
+    only), finished ones counted up to COUNT_CAP and a BoundedCount past it. Nothing here
+    reads every job: a year of history costs what a day does.
     """
+    cap = count_cap()
     queues: dict[str, dict[str, int]] = defaultdict(dict)
-    rows = Job.objects.using(using).values_list("queue", "status").annotate(n=Count("id"))
-    for queue, status, n in rows.order_by():
-        queues[queue][status] = n
+    with _stopping_scans(using) as cursor:
+        cursor.execute(read_sql.JOB_COUNTS_BOUNDED, {"bound": cap + 1})
+        rows = cursor.fetchall()
+    for queue, status, n in rows:
+        if n:
+            queues[queue][status] = bounded(n, cap) if status in FINISHED_STATUSES else n
     return dict(queues)
+
+
+def capped(counts: dict[str, int]) -> list[str]:
+    """The keys of ``counts`` whose figure stopped at the bound, in order."""
+    return sorted(k for k, n in counts.items() if isinstance(n, BoundedCount))
 
 
 def oldest_runnable(*, using: str = "default") -> dict[str, dt.datetime]:
@@ -109,13 +176,16 @@ def tenant_counts(tenants: QuerySet[Tenant]) -> QuerySet[Tenant]:
     """``tenants`` with each one's job counts: ``n_backlog`` (queued + scheduled),
     ``n_running``, ``n_done`` and ``n_dead``. A queryset, so the admin can sort on them.
 
-    Counts every job of those tenants (index pgqueue_job_tenant_status).
+    Correlated counts through pgqueue_job_tenant_status (TENANT_JOBS_BACKLOG,
+    TENANT_JOBS_IN_STATUS): the live ones exact, done and dead up to COUNT_CAP + 1 rows
+    (``bounded`` turns a figure past the cap into a BoundedCount).
     """
+    stop = count_cap() + 1
     return tenants.annotate(
-        n_backlog=Count("jobs", filter=Q(jobs__status__in=BACKLOG_STATUSES)),
-        n_running=Count("jobs", filter=Q(jobs__status=Status.RUNNING)),
-        n_done=Count("jobs", filter=Q(jobs__status=Status.DONE)),
-        n_dead=Count("jobs", filter=Q(jobs__status=Status.DEAD)),
+        n_backlog=RawSQL(read_sql.TENANT_JOBS_BACKLOG, ()),
+        n_running=RawSQL(read_sql.TENANT_JOBS_IN_STATUS, (Status.RUNNING.value, None)),
+        n_done=RawSQL(read_sql.TENANT_JOBS_IN_STATUS, (Status.DONE.value, stop)),
+        n_dead=RawSQL(read_sql.TENANT_JOBS_IN_STATUS, (Status.DEAD.value, stop)),
     )
 
 
@@ -160,28 +230,36 @@ def tenant_page(
 def tenant_summaries(
     names: Iterable[str] | None = None, *, using: str = "default"
 ) -> list[dict[str, Any]]:
-    """Weight, per-queue weights and job counts of tenants (all, or those named), by name."""
+    """Weight, per-queue weights and job counts of tenants (all, or those named), by name.
+
+    ``done`` and ``dead`` stop at COUNT_CAP (a BoundedCount past it, named in ``capped``).
+    """
     tenants = Tenant.objects.using(using).order_by("name")
     if names is not None:
         tenants = tenants.filter(name__in=list(names))
-    tenants = list(tenant_counts(tenants))
+    with _stopping_scans(using):
+        tenants = list(tenant_counts(tenants))
     overrides: dict[str, dict[str, float]] = defaultdict(dict)
     wanted = [t.name for t in tenants]
     for qw in QueueWeight.objects.using(using).filter(tenant_id__in=wanted):
         overrides[qw.tenant_id][qw.queue] = qw.weight
-    return [
-        {
-            "name": t.name,
-            "weight": t.weight,
-            "queue_weights": overrides[t.name],
-            "backlog": t.n_backlog,
-            "running": t.n_running,
-            "done": t.n_done,
-            "dead": t.n_dead,
-            "created_at": t.created_at,
-        }
-        for t in tenants
-    ]
+    cap = count_cap()
+    summaries = []
+    for t in tenants:
+        counts = {"done": bounded(t.n_done, cap), "dead": bounded(t.n_dead, cap)}
+        summaries.append(
+            {
+                "name": t.name,
+                "weight": t.weight,
+                "queue_weights": overrides[t.name],
+                "backlog": t.n_backlog,
+                "running": t.n_running,
+                **counts,
+                "capped": capped(counts),
+                "created_at": t.created_at,
+            }
+        )
+    return summaries
 
 
 def top_backlogs(limit: int, *, using: str = "default") -> list[tuple[str, int, int, int]]:
@@ -393,18 +471,27 @@ def unserved_tasks(
 
 
 def stats(*, using: str = "default") -> dict[str, Any]:
-    """Counts by queue and status, and the last minute's throughput, errors and run time."""
+    """Counts by queue and status, and the last minute's throughput, errors and run time.
+
+    The finished counts stop at COUNT_CAP: ``capped`` names, per queue, the statuses whose
+    figure is a lower bound (the rows counted, COUNT_CAP + 1), and ``dead_capped`` says the
+    same of the total.
+    """
     queues = job_counts(using=using)
     recent = recent_attempts(timezone.now() - STATS_WINDOW, using=using)
     finished = recent["done"] + recent["errors"]
     run = recent["run"]
+    dead = sum((s.get(Status.DEAD, 0) for s in queues.values()), 0)
     return {
-        "queues": {q: dict(sorted(s.items())) for q, s in sorted(queues.items())},
+        "queues": {q: {k: int(n) for k, n in sorted(s.items())} for q, s in sorted(queues.items())},
+        "capped": {q: capped(s) for q, s in sorted(queues.items()) if capped(s)},
+        "count_cap": count_cap(),
         "throughput_per_s_60s": round(recent["done"] / STATS_WINDOW.total_seconds(), 3),
         "error_rate_60s": round(recent["errors"] / finished, 4) if finished else 0.0,
         "mean_run_seconds_60s": round(run.total_seconds(), 6) if run is not None else None,
         "workers_alive": workers_alive(using=using),
-        "dead": sum(s.get(Status.DEAD, 0) for s in queues.values()),
+        "dead": int(dead),
+        "dead_capped": isinstance(dead, BoundedCount),
     }
 
 
@@ -474,3 +561,79 @@ def periodic_schedules(shown: int, *, using: str = "default") -> list[dict[str, 
         )[:shown]
     )  # fmt: skip
     return list(rows)
+
+
+# -- GET /jobs ---------------------------------------------------------------------------
+
+
+def bounded_count(jobs: QuerySet[Job]) -> tuple[int, bool]:
+    """How many jobs ``jobs`` holds, and whether that is an estimate.
+
+    Exact up to COUNT_CAP: the ids are counted in a LIMITed subquery in id order (the
+    primary key, or the filter's index), which stops after COUNT_CAP + 1 rows. Past it, the
+    planner's estimate (TABLE_ROW_ESTIMATE unfiltered, QUERY_PLAN_ROWS filtered), never less
+    than the rows counted.
+    """
+    cap = count_cap()
+    counted = jobs.order_by("-id")[: cap + 1].count()
+    if counted <= cap:
+        return counted, False
+    if not jobs.query.where:
+        estimate = row_estimate(Job._meta.db_table, using=jobs.db) or 0
+    else:
+        estimate = estimate_rows(jobs)
+    return max(counted, estimate), True
+
+
+def estimate_rows(jobs: QuerySet[Any]) -> int:
+    """The planner's estimate of the rows ``jobs`` returns (QUERY_PLAN_ROWS): no row read."""
+    sql, params = jobs.order_by().query.sql_with_params()
+    with connections[jobs.db].cursor() as cursor:
+        cursor.execute(read_sql.QUERY_PLAN_ROWS + sql, params)
+        (plan,) = cursor.fetchone()
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def job_list_page(
+    jobs: QuerySet[Job],
+    *,
+    key: int | None,
+    backward: bool,
+    offset: int,
+    limit: int,
+    field_bytes: int,
+) -> list[Job]:
+    """Up to ``limit`` of ``jobs``, newest (highest id) first: older than ``key``, or, with
+    ``backward``, the ``limit`` newer than ``key`` nearest to it; ``offset`` rows skipped.
+
+    Keyset pagination on the primary key (``id < key ORDER BY id DESC``): a page costs the
+    same however deep, and stays put while jobs are added. Payloads and results come with
+    their size (``payload_bytes``, ``result_bytes``: octet_length of their JSON text) and are
+    only loaded when at most ``field_bytes`` (``payload_cut``, ``result_cut`` say otherwise),
+    so a page of large payloads is never carried from the database.
+    """
+    annotations: dict[str, Any] = {}
+    for field in ("payload", "result"):
+        size = Func(Cast(F(field), TextField()), function="octet_length")
+        annotations[f"{field}_bytes"] = size
+        annotations[f"{field}_cut"] = ExpressionWrapper(
+            Q(**{f"{field}_bytes__gt": field_bytes}), output_field=BooleanField()
+        )
+        annotations[f"{field}_small"] = Case(
+            When(**{f"{field}_bytes__lte": field_bytes}, then=F(field)), default=None
+        )
+    page = jobs.defer("payload", "result").annotate(**annotations)
+    if backward:
+        assert key is not None
+        rows = list(page.filter(id__gt=key).order_by("id")[offset : offset + limit])
+        rows.reverse()
+    else:
+        if key is not None:
+            page = page.filter(id__lt=key)
+        rows = list(page.order_by("-id")[offset : offset + limit])
+    for job in rows:
+        job.payload = job.payload_small if not job.payload_cut else None
+        job.result = job.result_small if not job.result_cut else None
+    return rows

@@ -47,6 +47,9 @@ STATS_FIELDS = {
     "mean_run_seconds_60s",
     "workers_alive",
     "dead",
+    "capped",
+    "count_cap",
+    "dead_capped",
 }
 
 _queues = itertools.count(1)

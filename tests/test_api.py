@@ -491,9 +491,9 @@ class TestList:
         response = api.get("/jobs")
         assert response.status_code == 200
         data = response.json()
-        assert set(data) == {"count", "next", "previous", "results"}
-        assert data["count"] == 55
-        assert data["previous"] is None and data["next"]
+        assert set(data) == {"count", "count_is_estimate", "next", "previous", "results"}
+        assert data["count"] == 55 and data["count_is_estimate"] is False
+        assert data["previous"] is None and data["next"] and "cursor=" in data["next"]
         assert [j["id"] for j in data["results"]] == sorted(ids, reverse=True)[:50]
         for job in data["results"]:
             assert_job_json(job)
@@ -527,6 +527,10 @@ class TestList:
             ({"limit": "ten"}, "limit"),
             ({"offset": -1}, "offset"),
             ({"offset": "x"}, "offset"),
+            ({"offset": 10_001}, "offset"),
+            ({"offset": 1, "cursor": "bjox"}, "offset"),
+            ({"cursor": "not a cursor"}, "cursor"),
+            ({"cursor": "eDox"}, "cursor"),  # "x:1"
             ({"status": "finished"}, "status"),
             ({"status": "QUEUED"}, "status"),
             ({"created_after": "yesterday"}, "created_after"),
@@ -763,7 +767,7 @@ class TestQueryParameters:
     def test_the_accepted_parameters_are_listed_in_the_message(self, api):
         error = assert_error(api.get("/jobs", {"stauts": "dead"}), 400, field="stauts")
         assert (
-            "accepted: created_after, created_before, limit, offset, queue, status"
+            "accepted: created_after, created_before, cursor, limit, offset, queue, status"
             in (error["detail"])
         )
         error = assert_error(api.get("/tenants", {"sort": "name"}), 400, field="sort")
@@ -845,7 +849,7 @@ class TestTenants:
         response = api.get("/tenants")
         assert response.status_code == 200, response.content
         data = response.json()
-        assert set(data) == {"count", "next", "previous", "results"}
+        assert set(data) == {"count", "count_is_estimate", "next", "previous", "results"}
         tenants = {t["name"]: t for t in data["results"]}
         assert {"acme", "globex"} <= set(tenants)
         assert data["count"] == len(tenants) == Tenant.objects.count()
@@ -987,6 +991,9 @@ class TestStats:
             "mean_run_seconds_60s": None,
             "workers_alive": 0,
             "dead": 0,
+            "capped": {},
+            "count_cap": 1000,
+            "dead_capped": False,
         }
 
 

@@ -237,7 +237,13 @@ def test_the_two_lists_share_one_page_shape_and_their_parameters():
         ref = op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
         pages[path] = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
     for page in pages.values():
-        assert set(page["properties"]) == {"count", "next", "previous", "results"}
+        assert set(page["properties"]) == {
+            "count",
+            "count_is_estimate",
+            "next",
+            "previous",
+            "results",
+        }
         assert page["properties"]["results"]["type"] == "array"
     item = pages["/tenants"]["properties"]["results"]["items"]["$ref"]
     assert item.endswith("/Tenant")

@@ -23,20 +23,9 @@ from .. import reads
 COUNT_BOUND = 10_000
 
 
-class BoundedCount(int):
-    """A count that stopped at the bound: compares as a number, reads as "N+"."""
-
-    def __str__(self) -> str:
-        return f"{int(self) - 1}+"
-
-    __format__ = None  # type: ignore[assignment]  # set below, after the class exists
-
-
-def _format_bounded(self: BoundedCount, spec: str) -> str:
-    return str(self) if not spec else int.__format__(int(self) - 1, spec) + "+"
-
-
-BoundedCount.__format__ = _format_bounded  # type: ignore[method-assign]
+#: A count that stopped at the bound: compares as a number, reads as "N+" (shared with the
+#: read side, whose bounded counts the dashboard and the tenant list show the same way).
+BoundedCount = reads.BoundedCount
 
 
 class EstimatedCountPaginator(Paginator):

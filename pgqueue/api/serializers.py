@@ -67,11 +67,29 @@ class JobDetailSerializer(JobSerializer):
         read_only_fields = fields
 
 
+class JobListItemSerializer(JobSerializer):
+    """A job in GET /jobs: a payload or result larger than PGQUEUE["API_FIELD_BYTES"] is
+    replaced by ``{"truncated": true, "bytes": N, "url": <the job>}``."""
+
+    payload = serializers.JSONField(help_text="the payload, or the truncated marker")
+    result = serializers.JSONField(allow_null=True, help_text="the result, or the truncated marker")
+
+    class Meta(JobSerializer.Meta):
+        pass
+
+
 class JobListSerializer(serializers.Serializer):
-    count = serializers.IntegerField()
-    next = serializers.URLField(allow_null=True)
-    previous = serializers.URLField(allow_null=True)
-    results = JobSerializer(many=True)
+    count = serializers.IntegerField(
+        help_text="jobs matching: exact up to PGQUEUE['COUNT_CAP'], else an estimate"
+    )
+    count_is_estimate = serializers.BooleanField(
+        help_text="count is the planner's estimate (more jobs match than COUNT_CAP)"
+    )
+    next = serializers.URLField(allow_null=True, help_text="older jobs (a cursor link)")
+    previous = serializers.URLField(allow_null=True, help_text="newer jobs (a cursor link)")
+    results = JobListItemSerializer(
+        many=True, help_text="newest first, at most limit, within PGQUEUE['API_PAGE_BYTES']"
+    )
 
 
 class EnqueueRequest(serializers.Serializer):
@@ -136,15 +154,21 @@ class TenantSerializer(serializers.Serializer):
     queue_weights = serializers.DictField(child=serializers.FloatField())
     backlog = serializers.IntegerField(help_text="queued + scheduled jobs")
     running = serializers.IntegerField()
-    done = serializers.IntegerField()
-    dead = serializers.IntegerField()
+    done = serializers.IntegerField(help_text="counted up to COUNT_CAP + 1 (see capped)")
+    dead = serializers.IntegerField(help_text="counted up to COUNT_CAP + 1 (see capped)")
+    capped = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="the counts that stopped at COUNT_CAP: a lower bound, shown as N+",
+    )
     created_at = serializers.DateTimeField()
 
 
 class TenantListSerializer(serializers.Serializer):
-    """GET /tenants: the same list shape as GET /jobs."""
+    """GET /tenants: the same list shape as GET /jobs (its count always exact: tenants are a
+    small table, so the list keeps limit and offset)."""
 
     count = serializers.IntegerField()
+    count_is_estimate = serializers.BooleanField(help_text="always false here")
     next = serializers.URLField(allow_null=True)
     previous = serializers.URLField(allow_null=True)
     results = TenantSerializer(many=True)
@@ -160,10 +184,17 @@ class WeightRequest(serializers.Serializer):
 class StatsSerializer(serializers.Serializer):
     queues = serializers.DictField(
         child=serializers.DictField(child=serializers.IntegerField()),
-        help_text=f"queue → status ({', '.join(Status.values)}) → count",
+        help_text=f"queue → status ({', '.join(Status.values)}) → count; the live statuses "
+        "exact, done, dead and cancelled counted up to count_cap + 1",
     )
+    capped = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        help_text="queue → the statuses whose count stopped at count_cap (a lower bound)",
+    )
+    count_cap = serializers.IntegerField(help_text="PGQUEUE['COUNT_CAP']")
     throughput_per_s_60s = serializers.FloatField()
     error_rate_60s = serializers.FloatField()
     mean_run_seconds_60s = serializers.FloatField(allow_null=True)
     workers_alive = serializers.IntegerField()
     dead = serializers.IntegerField()
+    dead_capped = serializers.BooleanField(help_text="dead is a lower bound")

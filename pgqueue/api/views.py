@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 from django.http import HttpResponse
+from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
@@ -45,6 +49,7 @@ from .serializers import (
     EnqueueRequest,
     ErrorSerializer,
     JobDetailSerializer,
+    JobListItemSerializer,
     JobListSerializer,
     JobSerializer,
     StatsSerializer,
@@ -57,6 +62,9 @@ ERRORS = {code: ErrorSerializer for code in (400, 401, 403, 404, 409, 413, 415, 
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
 MAX_OFFSET = 2**62
+#: GET /jobs' largest offset: skipping rows costs reading them, so deeper pages are reached
+#: by the cursor of ``next``, which costs the same on the first page and the millionth.
+JOBS_MAX_OFFSET = 10_000
 #: The pagination parameters of every list endpoint (GET /jobs, GET /tenants).
 PAGE_PARAMETERS = [
     OpenApiParameter(
@@ -142,6 +150,7 @@ def _page(
     return Response(
         {
             "count": count,
+            "count_is_estimate": False,  # GET /jobs' may be; an offset list counts exactly
             "next": link(offset + limit if offset + limit < count else None),
             "previous": link(max(offset - limit, 0) if offset > 0 else None),
             "results": results,
@@ -274,7 +283,17 @@ def _visible_job(request: Request, job_id: int) -> Job:
 
 class JobsView(PgQueueView):
     query_params = frozenset(
-        {"status", "task", "tenant", "queue", "created_after", "created_before", "limit", "offset"}
+        {
+            "status",
+            "task",
+            "tenant",
+            "queue",
+            "created_after",
+            "created_before",
+            "limit",
+            "offset",
+            "cursor",
+        }
     )
 
     @extend_schema(
@@ -312,7 +331,18 @@ class JobsView(PgQueueView):
             OpenApiParameter("queue", str),
             OpenApiParameter("created_after", dt.datetime, description="inclusive"),
             OpenApiParameter("created_before", dt.datetime, description="inclusive"),
-            *PAGE_PARAMETERS,
+            PAGE_PARAMETERS[0],
+            OpenApiParameter(
+                "cursor",
+                str,
+                description="where a page starts: copied from the next or previous link, opaque",
+            ),
+            OpenApiParameter(
+                "offset",
+                int,
+                description=f"0..{JOBS_MAX_OFFSET}, default 0: the rows to skip (not with "
+                "cursor; deeper pages are reached by next)",
+            ),
         ],
         responses={200: JobListSerializer, **ERRORS},
     )
@@ -338,10 +368,88 @@ class JobsView(PgQueueView):
             if name in params:
                 jobs = jobs.filter(**{f"created_at__{lookup}": _moment(params[name], name)})
         limit = _int_param(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
-        offset = _int_param(params, "offset", 0, 0, MAX_OFFSET)
-        count = jobs.count()
-        page = list(jobs.order_by("-id")[offset : offset + limit])
-        return _page(request, params, count, limit, offset, JobSerializer(page, many=True).data)
+        offset = _int_param(params, "offset", 0, 0, JOBS_MAX_OFFSET)
+        if "cursor" in params and "offset" in params:
+            raise bad_field("offset", "cannot be combined with cursor")
+        backward, key = _decode_cursor(params["cursor"]) if "cursor" in params else (False, None)
+        count, is_estimate = reads.bounded_count(jobs)
+        rows = reads.job_list_page(
+            jobs,
+            key=key,
+            backward=backward,
+            offset=offset,
+            limit=limit + 1,
+            field_bytes=int(pgqueue_settings.API_FIELD_BYTES),
+        )
+        more = len(rows) > limit  # past the page, in the direction read
+        rows = rows[-limit:] if backward else rows[:limit]
+        results, cut = _within_budget(request, rows, int(pgqueue_settings.API_PAGE_BYTES))
+        if backward:
+            after = bool(results)  # the page the cursor was taken from, and any cut rows
+            before = more
+        else:
+            after = more or cut
+            before = key is not None or offset > 0
+        return Response(
+            {
+                "count": count,
+                "count_is_estimate": is_estimate,
+                "next": _cursor_link(request, params, "n", results[-1]["id"])
+                if after and results
+                else None,
+                "previous": _cursor_link(request, params, "p", results[0]["id"])
+                if before and results
+                else None,
+                "results": results,
+            }
+        )
+
+
+def _encode_cursor(direction: str, job_id: int) -> str:
+    return base64.urlsafe_b64encode(f"{direction}:{job_id}".encode()).decode().rstrip("=")
+
+
+def _decode_cursor(value: str) -> tuple[bool, int]:
+    """(backward, id) of a cursor of ``next`` ("n": older than id) or ``previous`` ("p")."""
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode()
+        direction, _, job_id = raw.partition(":")
+        if direction in ("n", "p") and job_id.isdigit() and len(job_id) <= 18:
+            return direction == "p", int(job_id)
+    except (ValueError, UnicodeDecodeError):
+        pass
+    raise bad_field("cursor", "is not a cursor of this API; copy it from a next or previous link")
+
+
+def _cursor_link(request: Request, params: Any, direction: str, job_id: int) -> str:
+    """The same query, from the cursor instead of any offset."""
+    query = params.copy()
+    query.pop("offset", None)
+    query["cursor"] = _encode_cursor(direction, job_id)
+    return request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+
+
+def _within_budget(
+    request: Request, rows: list[Job], budget: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """The rows serialized, as many as fit ``budget`` bytes of JSON (at least one), their
+    oversized payloads and results replaced by the marker; and whether any was left out."""
+    results: list[dict[str, Any]] = []
+    used = 0
+    serializer = JobListItemSerializer()  # one instance: its fields are built once, not per job
+    for job in rows:
+        for field in ("payload", "result"):
+            size = getattr(job, f"{field}_bytes")
+            if size is not None and getattr(job, f"{field}_cut"):
+                url = request.build_absolute_uri(reverse("pgqueue:job", kwargs={"job_id": job.id}))
+                setattr(job, field, {"truncated": True, "bytes": size, "url": url})
+        data = serializer.to_representation(job)
+        size = len(json.dumps(data, cls=DjangoJSONEncoder))
+        if results and used + size > budget:
+            return results, True
+        results.append(data)
+        used += size
+    return results, False
 
 
 def _int_param(params: Any, name: str, default: int, low: int, high: int | None) -> int:
