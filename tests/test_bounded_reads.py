@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from pgqueue import reads, services
-from pgqueue.api.views import _encode_cursor
+from pgqueue.api.params import _encode_cursor
 from pgqueue.dashboard import dashboard_data
 from pgqueue.models import Job
 from tests.api_fixtures import client, make_job, new_key
