@@ -177,7 +177,7 @@ def _fill_finished(n: int) -> None:
 def prune_throughput(quick: bool) -> dict[str, Any]:
     import psycopg
 
-    from pgqueue import store
+    from pgqueue import prune_store
     from pgqueue.conf import pgqueue_settings
 
     n = 10_000 if quick else 100_000
@@ -194,7 +194,7 @@ def prune_throughput(quick: bool) -> dict[str, Any]:
         while True:
             t0 = time.perf_counter()
             with conn.transaction(), conn.cursor() as cur:
-                got = store.prune_finished(cur, status="done", keep_seconds=60, limit=limit)
+                got = prune_store.prune_finished(cur, status="done", keep_seconds=60, limit=limit)
             batches.append(time.perf_counter() - t0)
             jobs, attempts = jobs + got.jobs, attempts + got.attempts
             if got.jobs < limit:

@@ -49,7 +49,7 @@ from cronsim import CronSim, CronSimError
 from django.conf import settings
 from django.db import connections, transaction
 
-from . import store
+from . import schedule_store, store
 from .conf import pgqueue_settings
 from .exceptions import PgQueueError
 from .registry import RegisteredTask
@@ -310,7 +310,7 @@ def sync_schedules(*, using: str = "default", now: dt.datetime | None = None) ->
     now = now or dt.datetime.now(dt.UTC)
     rows = [resolve(s, now) for s in declared_schedules()]
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        removed = store.periodic_sync(cursor, specs_json=json.dumps(rows))
+        removed = schedule_store.periodic_sync(cursor, specs_json=json.dumps(rows))
     if removed:
         logger.info("event=periodic_removed schedules=%s", ",".join(removed))
     return SyncResult([r["name"] for r in rows], removed)
@@ -326,13 +326,13 @@ def set_periodic_enabled(
     """
     now = now or dt.datetime.now(dt.UTC)
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        row = store.periodic_lock(cursor, name=name)
+        row = schedule_store.periodic_lock(cursor, name=name)
         if row is None:
             raise ScheduleNotFound(f"no periodic schedule is named {name!r}")
         cron, tz, was_enabled = row
         if was_enabled == bool(enabled):
             return False
-        store.periodic_set_enabled(
+        schedule_store.periodic_set_enabled(
             cursor, name=name, enabled=bool(enabled), next_run_at=next_tick(cron, tz, now)
         )
     return True
@@ -351,7 +351,9 @@ class Fired:
     next_run_at: dt.datetime
 
 
-def plan(row: store.DueSchedule, now: dt.datetime) -> tuple[dt.datetime | None, dt.datetime]:
+def plan(
+    row: schedule_store.DueSchedule, now: dt.datetime
+) -> tuple[dt.datetime | None, dt.datetime]:
     """The tick to enqueue for a due schedule (None: none) and its next ``next_run_at``.
 
     The tick is the latest one at or before ``now``, so a schedule back from a gap enqueues
@@ -379,7 +381,7 @@ def enqueue_due(
     """
     now = now or dt.datetime.now(dt.UTC)
     fired: list[Fired] = []
-    for row in store.periodic_lock_due(cursor, now=now, limit=limit):
+    for row in schedule_store.periodic_lock_due(cursor, now=now, limit=limit):
         try:
             with cursor.connection.transaction():
                 fired.append(_fire(cursor, row, now))
@@ -396,7 +398,7 @@ class _Moved(Exception):
     """The schedule's next_run_at was no longer the one this run fired for."""
 
 
-def _fire(cursor: Any, row: store.DueSchedule, now: dt.datetime) -> Fired:
+def _fire(cursor: Any, row: schedule_store.DueSchedule, now: dt.datetime) -> Fired:
     tick, next_run_at = plan(row, now)
     job_id = None
     if tick is not None:
@@ -420,7 +422,7 @@ def _fire(cursor: Any, row: store.DueSchedule, now: dt.datetime) -> Fired:
                     cursor, tenant=row.tenant, queue=row.queue, priority=row.priority, count=1
                 )
             job_id = store.job_id_for_key(cursor, tenant=row.tenant, idempotency_key=key)
-    advanced = store.periodic_advance(
+    advanced = schedule_store.periodic_advance(
         cursor,
         name=row.name,
         due=row.next_run_at,

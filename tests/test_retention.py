@@ -20,7 +20,7 @@ from django.db import connection
 from django.test import override_settings
 
 import pgqueue
-from pgqueue import store
+from pgqueue import prune_store, store
 from pgqueue.checks import check_settings
 from pgqueue.management.commands import pgqueue_prune
 from pgqueue.models import Job, JobAttempt, TaskStat
@@ -66,7 +66,7 @@ def fold() -> None:
         store.fold_task_stats(cur, settle=0)
 
 
-def prune(**kwargs: Any) -> dict[str, store.Pruned]:
+def prune(**kwargs: Any) -> dict[str, prune_store.Pruned]:
     connection.ensure_connection()
     return prune_finished_jobs(connection.connection, **kwargs)
 
@@ -87,9 +87,9 @@ def test_each_status_is_kept_for_its_own_retention():
     fold()
     removed = prune()
     assert removed == {
-        "done": store.Pruned(1, 1),
-        "cancelled": store.Pruned(1, 0),
-        "dead": store.Pruned(1, 1),
+        "done": prune_store.Pruned(1, 1),
+        "cancelled": prune_store.Pruned(1, 0),
+        "dead": prune_store.Pruned(1, 1),
     }
     gone = done_old + dead_old + cancelled_old
     kept = done_new + dead_mid + cancelled_new
@@ -137,12 +137,12 @@ def test_batches_are_bounded_oldest_first_and_so_is_a_pass():
         PGQUEUE={"PRUNE_BATCH_SIZE": 3, "PRUNE_BATCHES_PER_PASS": 2, "RETENTION": only_done}
     ):
         with connection.cursor() as cur:
-            one = store.prune_finished(cur, status="done", keep_seconds=7 * DAY)
-        assert one == store.Pruned(3, 3)
+            one = prune_store.prune_finished(cur, status="done", keep_seconds=7 * DAY)
+        assert one == prune_store.Pruned(3, 3)
         assert left(ids) == set(ids[:7])
-        assert prune() == {"done": store.Pruned(6, 6)}
+        assert prune() == {"done": prune_store.Pruned(6, 6)}
         assert left(ids) == {ids[0]}  # the youngest, left for the next pass
-        assert prune()["done"] == store.Pruned(1, 1)
+        assert prune()["done"] == prune_store.Pruned(1, 1)
     assert left(ids) == set()
 
 
@@ -169,7 +169,7 @@ def test_a_locked_row_is_skipped_not_waited_on(other_connection):
     finally:
         with connection.cursor() as cur:
             cur.execute("RESET lock_timeout")
-    assert removed["done"] == store.Pruned(2, 2)
+    assert removed["done"] == prune_store.Pruned(2, 2)
     assert left([held, *others]) == {held}
     other_connection.rollback()
     prune()
@@ -195,13 +195,13 @@ def test_attempts_not_folded_yet_keep_their_job_until_the_fold():
     fold()
     unfolded = finished("done", 8)  # its attempt id is past the mark
     before = counters()
-    assert prune()["done"] == store.Pruned(1, 1)
+    assert prune()["done"] == prune_store.Pruned(1, 1)
     assert left(folded + unfolded) == set(unfolded)
     assert counters() == before
     fold()
     after_fold = counters()
     assert after_fold != before
-    assert prune()["done"] == store.Pruned(1, 1)
+    assert prune()["done"] == prune_store.Pruned(1, 1)
     assert left(unfolded) == set()
     assert counters() == after_fold
     assert sum(c for *_, c in after_fold) == 2  # both attempts counted once, none lost

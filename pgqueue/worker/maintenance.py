@@ -29,7 +29,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .. import store
+from .. import prune_store, store
 from ..conf import pgqueue_settings
 from ..schedules import Fired, enqueue_due
 
@@ -107,7 +107,7 @@ def enqueue_due_periodic(cur: Any, now: dt.datetime | None = None) -> list[Fired
 
 def prune_finished_jobs(
     conn: Any, *, max_batches: int | None = None, now: dt.datetime | None = None
-) -> dict[str, store.Pruned]:
+) -> dict[str, prune_store.Pruned]:
     """Delete finished jobs past their retention, with their attempts; ``{status: removed}``.
 
     Runs on ``conn`` (psycopg, autocommit) in transactions of its own, one per batch of at
@@ -121,19 +121,21 @@ def prune_finished_jobs(
     budget = pgqueue_settings.PRUNE_BATCHES_PER_PASS if max_batches is None else max_batches
     limit = int(pgqueue_settings.PRUNE_BATCH_SIZE)
     pending = {s: k for s, k in pgqueue_settings.retention_seconds.items() if k is not None}
-    removed = {status: store.Pruned(0, 0) for status in pending}
+    removed = {status: prune_store.Pruned(0, 0) for status in pending}
     batches = 0
     while pending and (budget == 0 or batches < budget):
         for status, keep in list(pending.items()):
             if budget and batches >= budget:
                 break
             with conn.transaction(), conn.cursor() as cur:
-                got = store.prune_finished(
+                got = prune_store.prune_finished(
                     cur, status=status, keep_seconds=keep, limit=limit, now=now
                 )
             batches += 1
             total = removed[status]
-            removed[status] = store.Pruned(total.jobs + got.jobs, total.attempts + got.attempts)
+            removed[status] = prune_store.Pruned(
+                total.jobs + got.jobs, total.attempts + got.attempts
+            )
             if got.jobs < limit:
                 del pending[status]
     pruned = {s: r for s, r in removed.items() if r.jobs}

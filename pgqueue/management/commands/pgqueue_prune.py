@@ -13,7 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from pgqueue import store
+from pgqueue import prune_store
 from pgqueue.conf import pgqueue_settings
 from pgqueue.worker.maintenance import prune_finished_jobs
 
@@ -62,7 +62,7 @@ class Command(BaseCommand):
             for status, keep in retention.items():
                 if keep is None:
                     continue
-                got = store.count_prunable(
+                got = prune_store.count_prunable(
                     cur, status=status, keep_seconds=keep, limit=DRY_RUN_CAP + 1
                 )
                 capped = got.jobs > DRY_RUN_CAP
