@@ -14,7 +14,7 @@ table grows. The reads are ``pgqueue.reads``'s, which state their costs. In shor
   jobs for their tenant and task, for throughput, failures, shares and run times;
 * ``pgqueue_worker``, which maintenance keeps to the workers seen within a day;
 * the queues with runnable jobs that no live worker serves: one probe of the claim index
-  per queue (``reads.unserved_queues``).
+  per queue (``liveness.unserved_queues``).
 
 The number of queries is fixed (nine), whatever the number of jobs, tenants or queues.
 The data is gathered by ``dashboard_data`` and drawn by ``pgqueue.chart`` so both can be
@@ -33,7 +33,7 @@ from django.utils import timezone
 from django.utils.formats import number_format
 from django.utils.safestring import mark_safe
 
-from . import reads
+from . import liveness, reads
 from .chart import throughput_chart_svg
 from .durations import format_seconds
 from .models import Status
@@ -75,7 +75,7 @@ def _queues(now: dt.datetime, using: str) -> tuple[dict[str, int], list[dict[str
     worker takes from it, so they wait whatever the backlog of the others."""
     by_queue = reads.job_counts(using=using)
     oldest = reads.oldest_runnable(using=using)
-    unserved = set(reads.unserved_queues(now, using=using))
+    unserved = set(liveness.unserved_queues(now, using=using))
     totals: dict[str, int] = dict.fromkeys(Status.values, 0)
     for counts in by_queue.values():
         for status, n in counts.items():
@@ -144,9 +144,9 @@ def _slowest(since: dt.datetime, until: dt.datetime, using: str) -> list[dict[st
 
 
 def _workers(now: dt.datetime, using: str) -> dict[str, Any]:
-    """Worker counts (alive, stale, stopped; see ``reads.worker_state``) and the first
+    """Worker counts (alive, stale, stopped; see ``liveness.worker_state``) and the first
     ``WORKERS_SHOWN`` workers, the alive ones first."""
-    overview = reads.workers_overview(now, WORKERS_SHOWN, using=using)
+    overview = liveness.workers_overview(now, WORKERS_SHOWN, using=using)
     rows = []
     for w in overview["rows"]:
         seen = (now - w["last_seen_at"]).total_seconds()

@@ -29,7 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from . import reads
+from . import liveness, reads
 from .models import RUN_TIME_BUCKETS, TaskStat
 
 TOP_TENANTS = 20
@@ -67,7 +67,7 @@ class PgQueueCollector(Collector):
         yield backlog
 
         yield GaugeMetricFamily(
-            "pgqueue_workers_alive", "Workers seen within a lease", value=reads.workers_alive()
+            "pgqueue_workers_alive", "Workers seen within a lease", value=liveness.workers_alive()
         )
         yield from self._task_stats()
 

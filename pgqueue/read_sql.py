@@ -1,7 +1,7 @@
 """The raw SQL of pgqueue's read side, named Entity + Verb like ``pgqueue.sql``.
 
-``pgqueue.reads`` runs these and the plain ORM reads; nothing else reads figures from the
-job tables. Each statement says what it reads, which index serves it and who calls it. None
+``pgqueue.reads``, ``pgqueue.liveness`` and ``pgqueue.pages`` run these and the plain ORM
+reads; nothing else reads figures from the job tables. Each statement says what it reads, which index serves it and who calls it. None
 takes a row lock. Parameters are bound by the driver (``%(name)s``), never formatted in.
 
 What every read of ``pgqueue.reads`` costs, raw or ORM. None reads every job: the live
@@ -126,7 +126,7 @@ SELECT b.tenant, b.queued, b.scheduled, b.backlog, t.weight,
 #   index probe for the next queue name after the last, so the cost grows with the number
 #   of queues, not of jobs; then pgqueue_worker (pruned by maintenance to a day of rows)
 #   for each of them.
-# Called by reads.unserved_queues for the dashboard's queue table and the admin's queue
+# Called by liveness.unserved_queues for the dashboard's queue table and the admin's queue
 # filter and worker list.
 QUEUE_UNSERVED = """
 WITH RECURSIVE runnable(queue) AS (
@@ -156,7 +156,7 @@ SELECT r.queue
 # names than it records) counts as serving every task, so that nothing is flagged wrongly.
 # Reads: pgqueue_worker only (pruned by maintenance to a day of rows), once per name
 #   asked for; no job row.
-# Called by reads.unserved_tasks for the admin's job list and job page.
+# Called by liveness.unserved_tasks for the admin's job list and job page.
 TASK_UNSERVED = """
 SELECT t.task
   FROM unnest(%(tasks)s::text[]) AS t(task)
@@ -238,7 +238,7 @@ SELECT count(*) FROM (SELECT 1 FROM pgqueue_job j
 
 # -- name: QUERY_PLAN_ROWS
 # The planner's row estimate of a filtered job list (EXPLAIN without ANALYZE: nothing is
-# read but the statistics). Prefixes the list's own SELECT; called by reads.estimate_rows
+# read but the statistics). Prefixes the list's own SELECT; called by pages.estimate_rows
 # for GET /jobs when more rows match than COUNT_CAP.
 QUERY_PLAN_ROWS = "EXPLAIN (FORMAT JSON) "
 

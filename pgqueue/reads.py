@@ -4,12 +4,14 @@ Each figure is computed here once, so two pages never disagree on what "backlog"
 means. Plain ORM reads are written here; raw SQL lives in ``pgqueue.read_sql``, whose
 docstring lists what each read costs. These are summaries for people and scrapers, not hot
 paths: nothing here locks a row. The write side is ``pgqueue.sql`` + ``pgqueue.store``.
+
+The read side's other two rooms: ``pgqueue.liveness`` (which workers are alive, and what no
+live worker serves) and ``pgqueue.pages`` (bounded pages and lists of jobs and schedules).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -19,37 +21,31 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import (
     Avg,
-    BooleanField,
-    Case,
     Count,
     DurationField,
     ExpressionWrapper,
     F,
-    Func,
     Max,
     Min,
     OuterRef,
     Q,
     QuerySet,
     Subquery,
-    TextField,
-    When,
 )
 from django.db.models.expressions import RawSQL
-from django.db.models.functions import Cast, TruncMinute
+from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from . import read_sql
 from .conf import pgqueue_settings
+from .liveness import workers_alive
 from .models import (
     Job,
     JobAttempt,
     Outcome,
-    PeriodicSchedule,
     QueueWeight,
     Status,
     Tenant,
-    Worker,
 )
 
 #: The jobs waiting to run: runnable now, or later (delayed, backing off).
@@ -374,99 +370,6 @@ def slowest_tasks(
     ]
 
 
-# -- workers -----------------------------------------------------------------------------
-
-
-def lease_seconds() -> float:
-    """How long a worker may stay silent and still count as alive: one that has not renewed
-    its leases for that long has lost them anyway."""
-    return float(pgqueue_settings.LEASE_SECONDS)
-
-
-def alive_since(now: dt.datetime) -> dt.datetime:
-    """A worker not stopped and seen at or after this moment is alive."""
-    return now - dt.timedelta(seconds=lease_seconds())
-
-
-def worker_state(
-    stopped_at: dt.datetime | None, last_seen_at: dt.datetime, now: dt.datetime
-) -> str:
-    """ "stopped" (it said so), "alive" (seen within a lease) or "stale" (not stopped but
-    silent longer, so its leases are lost or about to be)."""
-    if stopped_at is not None:
-        return "stopped"
-    return "alive" if last_seen_at >= alive_since(now) else "stale"
-
-
-def _alive(now: dt.datetime) -> Q:
-    return Q(stopped_at__isnull=True, last_seen_at__gte=alive_since(now))
-
-
-def workers_alive(now: dt.datetime | None = None, *, using: str = "default") -> int:
-    """How many workers are alive (see ``worker_state``). Reads pgqueue_worker."""
-    return Worker.objects.using(using).filter(_alive(now or timezone.now())).count()
-
-
-def workers_overview(now: dt.datetime, shown: int, *, using: str = "default") -> dict[str, Any]:
-    """Worker counts (alive, stale, stopped, total), the first ``shown`` workers, the alive
-    ones first, each with its ``state``, and the ``lease_seconds`` that "alive" means.
-
-    Two reads of pgqueue_worker, which maintenance prunes to the workers seen within a day
-    (a few rows per worker process).
-    """
-    alive_q = _alive(now)
-    table = Worker.objects.using(using)
-    counts = table.aggregate(
-        alive=Count("id", filter=alive_q),
-        stopped=Count("id", filter=Q(stopped_at__isnull=False)),
-        total=Count("id"),
-    )
-    listed = (
-        table.annotate(alive=ExpressionWrapper(alive_q, output_field=BooleanField()))
-        .order_by("-alive", F("stopped_at").asc(nulls_first=True), "host", "pid", "id")
-        .values("id", "host", "pid", "queues", "concurrency", "last_seen_at", "stopped_at")[:shown]
-    )
-    return {
-        "alive": counts["alive"],
-        "stale": counts["total"] - counts["alive"] - counts["stopped"],
-        "stopped": counts["stopped"],
-        "total": counts["total"],
-        "rows": [
-            {**w, "state": worker_state(w["stopped_at"], w["last_seen_at"], now)} for w in listed
-        ],
-        "lease_seconds": lease_seconds(),
-    }
-
-
-def unserved_queues(now: dt.datetime | None = None, *, using: str = "default") -> list[str]:
-    """The queues with runnable jobs that no live worker serves (none alive lists them in
-    its ``queues``), by name: their jobs wait however long the backlog looks.
-
-    QUEUE_UNSERVED: one index probe per queue with queued jobs, and pgqueue_worker.
-    """
-    params = {"alive_since": alive_since(now or timezone.now())}
-    with connections[using].cursor() as cursor:
-        cursor.execute(read_sql.QUEUE_UNSERVED, params)
-        return [queue for (queue,) in cursor.fetchall()]
-
-
-def unserved_tasks(
-    tasks: Iterable[str], now: dt.datetime | None = None, *, using: str = "default"
-) -> set[str]:
-    """Of ``tasks``, those no live worker has a handler for (none alive lists them in its
-    ``tasks``): their jobs are given back by every worker that claims them, and wait.
-
-    TASK_UNSERVED: pgqueue_worker, for the names asked for.
-    """
-    names = sorted(set(tasks))
-    if not names:
-        return set()
-    params = {"tasks": names, "alive_since": alive_since(now or timezone.now())}
-    with connections[using].cursor() as cursor:
-        cursor.execute(read_sql.TASK_UNSERVED, params)
-        return {task for (task,) in cursor.fetchall()}
-
-
 # -- /stats ------------------------------------------------------------------------------
 
 
@@ -493,147 +396,3 @@ def stats(*, using: str = "default") -> dict[str, Any]:
         "dead": int(dead),
         "dead_capped": isinstance(dead, BoundedCount),
     }
-
-
-# -- the command line --------------------------------------------------------------------
-
-
-def job_list(
-    *,
-    status: str | None = None,
-    queue: str | None = None,
-    tenant: str | None = None,
-    task: str | None = None,
-    created_after: dt.datetime | None = None,
-    created_before: dt.datetime | None = None,
-    limit: int = 50,
-    using: str = "default",
-) -> tuple[list[Job], bool]:
-    """Up to ``limit`` jobs matching GET /jobs' filters, newest (highest id) first, and
-    whether more match: ``manage.py pgqueue jobs``.
-
-    No count: counting the matches of a filter like ``status=done`` reads every finished
-    row. One row past the limit says whether more exist instead. A backward scan of the
-    primary key, filtered, stopped after ``limit + 1`` rows (when a filter matches few rows
-    of a long history, it walks that history: the same plan as GET /jobs' page).
-    """
-    jobs = Job.objects.using(using).all()
-    if status is not None:
-        jobs = jobs.filter(status=status)
-    if queue is not None:
-        jobs = jobs.filter(queue=queue)
-    if tenant is not None:
-        jobs = jobs.filter(tenant_id=tenant)
-    if task is not None:
-        jobs = jobs.filter(task=task)
-    if created_after is not None:
-        jobs = jobs.filter(created_at__gte=created_after)
-    if created_before is not None:
-        jobs = jobs.filter(created_at__lte=created_before)
-    rows = list(jobs.order_by("-id")[: limit + 1])
-    return rows[:limit], len(rows) > limit
-
-
-def job_history(job_id: int, limit: int, *, using: str = "default") -> tuple[int, list[JobAttempt]]:
-    """How many attempts a job has recorded, and the last ``limit`` of them, oldest first:
-    ``manage.py pgqueue show``.
-
-    That job's rows of pgqueue_job_attempt through the index on its job_id: bounded by one
-    job's attempts (max_attempts per run, times the retries an operator made).
-    """
-    attempts = JobAttempt.objects.using(using).filter(job_id=job_id)
-    last = list(attempts.order_by("-id")[:limit])
-    return attempts.count(), last[::-1]
-
-
-# -- periodic schedules --------------------------------------------------------------------
-
-
-def periodic_schedules(shown: int, *, using: str = "default") -> list[dict[str, Any]]:
-    """The first ``shown`` periodic schedules by name, removed ones last, as the admin lists
-    them. pgqueue_periodic holds one row per schedule a deploy declared (tens, not jobs)."""
-    rows = (
-        PeriodicSchedule.objects.using(using)
-        .order_by(F("removed_at").asc(nulls_first=True), "name")
-        .values(
-            "name", "cron", "timezone", "task", "tenant", "queue", "enabled", "missed",
-            "next_run_at", "last_run_at", "last_job_id", "removed_at",
-        )[:shown]
-    )  # fmt: skip
-    return list(rows)
-
-
-# -- GET /jobs ---------------------------------------------------------------------------
-
-
-def bounded_count(jobs: QuerySet[Job]) -> tuple[int, bool]:
-    """How many jobs ``jobs`` holds, and whether that is an estimate.
-
-    Exact up to COUNT_CAP: the ids are counted in a LIMITed subquery in id order (the
-    primary key, or the filter's index), which stops after COUNT_CAP + 1 rows. Past it, the
-    planner's estimate (TABLE_ROW_ESTIMATE unfiltered, QUERY_PLAN_ROWS filtered), never less
-    than the rows counted.
-    """
-    cap = count_cap()
-    counted = jobs.order_by("-id")[: cap + 1].count()
-    if counted <= cap:
-        return counted, False
-    if not jobs.query.where:
-        estimate = row_estimate(Job._meta.db_table, using=jobs.db) or 0
-    else:
-        estimate = estimate_rows(jobs)
-    return max(counted, estimate), True
-
-
-def estimate_rows(jobs: QuerySet[Any]) -> int:
-    """The planner's estimate of the rows ``jobs`` returns (QUERY_PLAN_ROWS): no row read."""
-    sql, params = jobs.order_by().query.sql_with_params()
-    with connections[jobs.db].cursor() as cursor:
-        cursor.execute(read_sql.QUERY_PLAN_ROWS + sql, params)
-        (plan,) = cursor.fetchone()
-    if isinstance(plan, str):
-        plan = json.loads(plan)
-    return int(plan[0]["Plan"]["Plan Rows"])
-
-
-def job_list_page(
-    jobs: QuerySet[Job],
-    *,
-    key: int | None,
-    backward: bool,
-    offset: int,
-    limit: int,
-    field_bytes: int,
-) -> list[Job]:
-    """Up to ``limit`` of ``jobs``, newest (highest id) first: older than ``key``, or, with
-    ``backward``, the ``limit`` newer than ``key`` nearest to it; ``offset`` rows skipped.
-
-    Keyset pagination on the primary key (``id < key ORDER BY id DESC``): a page costs the
-    same however deep, and stays put while jobs are added. Payloads and results come with
-    their size (``payload_bytes``, ``result_bytes``: octet_length of their JSON text) and are
-    only loaded when at most ``field_bytes`` (``payload_cut``, ``result_cut`` say otherwise),
-    so a page of large payloads is never carried from the database.
-    """
-    annotations: dict[str, Any] = {}
-    for field in ("payload", "result"):
-        size = Func(Cast(F(field), TextField()), function="octet_length")
-        annotations[f"{field}_bytes"] = size
-        annotations[f"{field}_cut"] = ExpressionWrapper(
-            Q(**{f"{field}_bytes__gt": field_bytes}), output_field=BooleanField()
-        )
-        annotations[f"{field}_small"] = Case(
-            When(**{f"{field}_bytes__lte": field_bytes}, then=F(field)), default=None
-        )
-    page = jobs.defer("payload", "result").annotate(**annotations)
-    if backward:
-        assert key is not None
-        rows = list(page.filter(id__gt=key).order_by("id")[offset : offset + limit])
-        rows.reverse()
-    else:
-        if key is not None:
-            page = page.filter(id__lt=key)
-        rows = list(page.order_by("-id")[offset : offset + limit])
-    for job in rows:
-        job.payload = job.payload_small if not job.payload_cut else None
-        job.result = job.result_small if not job.result_cut else None
-    return rows

@@ -17,7 +17,7 @@ from django.urls import resolve, reverse
 from django.utils import timezone
 
 import pgqueue
-from pgqueue import reads, services, store
+from pgqueue import liveness, services, store
 from pgqueue.chart import CHART_WIDTH, X_LABEL_GAP, X_LABEL_WIDTH, throughput_chart_svg
 from pgqueue.dashboard import dashboard_data, dashboard_view
 from pgqueue.durations import format_seconds
@@ -191,10 +191,10 @@ class TestData:
 
         flagged = {name for name, q in queues.items() if q["unserved"]}
         assert flagged == {"orphan", "by-the-dead"}
-        assert reads.unserved_queues(now) == ["by-the-dead", "orphan"]
+        assert liveness.unserved_queues(now) == ["by-the-dead", "orphan"]
         # Served once a live worker lists it.
         add_worker("w-new", seen=now, queues=["orphan"])
-        assert reads.unserved_queues(now) == ["by-the-dead"]
+        assert liveness.unserved_queues(now) == ["by-the-dead"]
 
     def test_throughput_and_failures_per_minute_over_the_last_hour(self, now):
         five_ago = now - dt.timedelta(minutes=5)

@@ -19,7 +19,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 import pgqueue
-from pgqueue import checks, reads, services, store
+from pgqueue import checks, liveness, services, store
 from pgqueue.models import Job, JobAttempt, Worker
 from tests.api_fixtures import make_job
 from tests.workers import STARTUP, StartWorker, wait_for
@@ -53,7 +53,7 @@ def test_a_job_of_an_unknown_task_is_given_back_unspent_and_run_by_a_worker_with
     blind_id = blind.registered()
     assert Worker.objects.get(id=blind_id).tasks is not None
     assert "test.noop" not in Worker.objects.get(id=blind_id).tasks
-    assert reads.unserved_tasks(["test.noop"]) == {"test.noop"}
+    assert liveness.unserved_tasks(["test.noop"]) == {"test.noop"}
 
     before = timezone.now()
     ids = pgqueue.enqueue_many("test.noop", [{"n": n} for n in range(4)], tenant="acme")
@@ -81,7 +81,7 @@ def test_a_job_of_an_unknown_task_is_given_back_unspent_and_run_by_a_worker_with
     able = workers(settings={"POLL_SECONDS": 0.1}, name="able")
     able_id = able.registered()
     assert "test.noop" in Worker.objects.get(id=able_id).tasks
-    assert reads.unserved_tasks(["test.noop"]) == set()
+    assert liveness.unserved_tasks(["test.noop"]) == set()
     wait_for(
         lambda: Job.objects.filter(id__in=ids, status="done").count() == len(ids),
         STARTUP,
@@ -131,15 +131,15 @@ def test_unserved_tasks_reads_the_live_workers_tasks() -> None:
     """A task is served when a live worker lists it or its family; a stopped or silent
     worker serves nothing; a worker whose tasks are not recorded (NULL) serves all."""
     asked = ["a", "b", "django.tasks:x.y", "c"]
-    assert reads.unserved_tasks(asked) == set(asked)  # no worker at all
+    assert liveness.unserved_tasks(asked) == set(asked)  # no worker at all
     live_worker("w1", ["a", "django.tasks:*"])
     live_worker("w2", ["b"], stopped_at=timezone.now())
     live_worker("w3", ["c"])
     Worker.objects.filter(id="w3").update(last_seen_at=timezone.now() - dt.timedelta(hours=1))
-    assert reads.unserved_tasks(asked) == {"b", "c"}
+    assert liveness.unserved_tasks(asked) == {"b", "c"}
     live_worker("w4", None)
-    assert reads.unserved_tasks(asked) == set()
-    assert reads.unserved_tasks([]) == set()
+    assert liveness.unserved_tasks(asked) == set()
+    assert liveness.unserved_tasks([]) == set()
 
 
 @pytest.mark.django_db

@@ -16,7 +16,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .. import reads, services
+from .. import liveness, services
 from ..durations import format_seconds
 from ..models import FairClock, Job, JobAttempt, Status, Tenant
 from ..registry import registered_tasks
@@ -87,7 +87,7 @@ class QueueFilter(ColumnFilter):
         return FairClock.objects.order_by("queue").values_list("queue", flat=True).distinct()
 
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
-        unserved = set(reads.unserved_queues())
+        unserved = set(liveness.unserved_queues())
         return [
             (q, f"{q} (no live worker serves this queue)" if q in unserved else q)
             for q in self.choices_of()
@@ -297,10 +297,10 @@ class JobAdmin(admin.ModelAdmin):
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         """The list, with each waiting job of a task no live worker serves marked as such:
-        one read for the page's tasks (``reads.unserved_tasks``), not one per row."""
+        one read for the page's tasks (``liveness.unserved_tasks``), not one per row."""
         changelist = super().get_changelist_instance(request)
         jobs = list(changelist.result_list)
-        unserved = reads.unserved_tasks(j.task for j in jobs if j.status in WAITING)
+        unserved = liveness.unserved_tasks(j.task for j in jobs if j.status in WAITING)
         for job in jobs:
             job.pgq_unserved = job.task in unserved
         return changelist
@@ -313,7 +313,7 @@ class JobAdmin(admin.ModelAdmin):
             return obj.task
         unserved = getattr(obj, "pgq_unserved", None)
         if unserved is None:  # the job's page: this job alone
-            unserved = obj.task in reads.unserved_tasks([obj.task])
+            unserved = obj.task in liveness.unserved_tasks([obj.task])
         if not unserved:
             return obj.task
         return format_html(

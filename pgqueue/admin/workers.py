@@ -1,5 +1,5 @@
-"""Workers, to look at: who is alive, stale or stopped (``reads.worker_state``), and which
-queues with runnable jobs none of the live ones serves (``reads.unserved_queues``)."""
+"""Workers, to look at: who is alive, stale or stopped (``liveness.worker_state``), and which
+queues with runnable jobs none of the live ones serves (``liveness.unserved_queues``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .. import reads
+from .. import liveness
 from ..models import Worker
 from .common import ViewOnlyAdmin, timestamp
 
@@ -41,7 +41,7 @@ class WorkerAdmin(ViewOnlyAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         # Shown on this page's own render: the messages are read back within the request.
-        queues = reads.unserved_queues() if self.has_view_permission(request) else []
+        queues = liveness.unserved_queues() if self.has_view_permission(request) else []
         for queue in queues:
             self.message_user(
                 request,
@@ -56,6 +56,6 @@ class WorkerAdmin(ViewOnlyAdmin):
 
     @admin.display(description="state")
     def state(self, obj: Worker) -> str:
-        label = reads.worker_state(obj.stopped_at, obj.last_seen_at, timezone.now())
+        label = liveness.worker_state(obj.stopped_at, obj.last_seen_at, timezone.now())
         colour = WORKER_STATE_COLOURS[label]
         return format_html('<b style="color:{}">{}</b>', colour, label)

@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import reads, services
+from .. import pages, reads, services
 from ..conf import pgqueue_settings
 from ..models import Job, Status
 from ..registry import TASK_NAME_RE
@@ -211,8 +211,8 @@ class JobsView(PgQueueView):
         if "cursor" in params and "offset" in params:
             raise bad_field("offset", "cannot be combined with cursor")
         backward, key = _decode_cursor(params["cursor"]) if "cursor" in params else (False, None)
-        count, is_estimate = reads.bounded_count(jobs)
-        rows = reads.job_list_page(
+        count, is_estimate = pages.bounded_count(jobs)
+        rows = pages.job_list_page(
             jobs,
             key=key,
             backward=backward,

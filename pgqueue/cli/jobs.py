@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from .. import reads, services
+from .. import pages, services
 from ..api.serializers import AttemptSerializer, JobSerializer
 from ..models import Job, JobAttempt, Status
 from ..registry import TASK_NAME_RE
@@ -64,7 +64,7 @@ class JobsCommand(OperatorCommand):
         limit_option(parser, "jobs")
 
     def run(self, options: dict[str, Any]) -> int:
-        rows, more = reads.job_list(
+        rows, more = pages.job_list(
             status=options["status"],
             queue=options["queue"],
             tenant=options["tenant"],
@@ -124,7 +124,7 @@ class ShowCommand(OperatorCommand):
         if job is None:
             self.warn(f"job {options['id']} does not exist")
             return EXIT_SKIPPED
-        total, attempts = reads.job_history(job.id, options["attempts"], using=self.using)
+        total, attempts = pages.job_history(job.id, options["attempts"], using=self.using)
         document = {
             **job_document(job),
             "history": [attempt_document(a) for a in attempts],

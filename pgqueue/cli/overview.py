@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 from django.utils import timezone
 
-from .. import reads
+from .. import liveness, reads
 from ..models import Status
 from . import output
 from .base import EXIT_OK, OperatorCommand, limit_option
@@ -25,7 +25,7 @@ class WorkersCommand(OperatorCommand):
         limit_option(parser, "workers")
 
     def run(self, options: dict[str, Any]) -> int:
-        overview = reads.workers_overview(timezone.now(), options["limit"], using=self.using)
+        overview = liveness.workers_overview(timezone.now(), options["limit"], using=self.using)
         rows = overview.pop("rows")
         document = {**overview, "results": rows}
 

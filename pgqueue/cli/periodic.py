@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from .. import reads
+from .. import pages
 from ..schedules import SCHEDULE_NAME_RE, ScheduleNotFound, set_periodic_enabled
 from . import output
 from .base import EXIT_OK, EXIT_SKIPPED, OperatorCommand, limit_option, matching
@@ -25,7 +25,7 @@ class PeriodicCommand(OperatorCommand):
         limit_option(parser, "schedules")
 
     def run(self, options: dict[str, Any]) -> int:
-        rows = reads.periodic_schedules(options["limit"], using=self.using)
+        rows = pages.periodic_schedules(options["limit"], using=self.using)
 
         def human() -> str:
             if not rows:

@@ -1,0 +1,177 @@
+"""Pages of jobs for people: GET /jobs's keyset pages and bounded counts, the command line's
+job lists and histories, and the list of periodic schedules.
+
+Part of the read side (``pgqueue.reads`` holds the figures); each read here is bounded by the
+page it returns, never by the number of jobs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from django.db import connections
+from django.db.models import (
+    BooleanField,
+    Case,
+    ExpressionWrapper,
+    F,
+    Func,
+    Q,
+    QuerySet,
+    TextField,
+    When,
+)
+from django.db.models.functions import Cast
+
+from . import read_sql
+from .models import (
+    Job,
+    JobAttempt,
+    PeriodicSchedule,
+)
+from .reads import count_cap, row_estimate
+
+# -- the command line --------------------------------------------------------------------
+
+
+def job_list(
+    *,
+    status: str | None = None,
+    queue: str | None = None,
+    tenant: str | None = None,
+    task: str | None = None,
+    created_after: dt.datetime | None = None,
+    created_before: dt.datetime | None = None,
+    limit: int = 50,
+    using: str = "default",
+) -> tuple[list[Job], bool]:
+    """Up to ``limit`` jobs matching GET /jobs' filters, newest (highest id) first, and
+    whether more match: ``manage.py pgqueue jobs``.
+
+    No count: counting the matches of a filter like ``status=done`` reads every finished
+    row. One row past the limit says whether more exist instead. A backward scan of the
+    primary key, filtered, stopped after ``limit + 1`` rows (when a filter matches few rows
+    of a long history, it walks that history: the same plan as GET /jobs' page).
+    """
+    jobs = Job.objects.using(using).all()
+    if status is not None:
+        jobs = jobs.filter(status=status)
+    if queue is not None:
+        jobs = jobs.filter(queue=queue)
+    if tenant is not None:
+        jobs = jobs.filter(tenant_id=tenant)
+    if task is not None:
+        jobs = jobs.filter(task=task)
+    if created_after is not None:
+        jobs = jobs.filter(created_at__gte=created_after)
+    if created_before is not None:
+        jobs = jobs.filter(created_at__lte=created_before)
+    rows = list(jobs.order_by("-id")[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+def job_history(job_id: int, limit: int, *, using: str = "default") -> tuple[int, list[JobAttempt]]:
+    """How many attempts a job has recorded, and the last ``limit`` of them, oldest first:
+    ``manage.py pgqueue show``.
+
+    That job's rows of pgqueue_job_attempt through the index on its job_id: bounded by one
+    job's attempts (max_attempts per run, times the retries an operator made).
+    """
+    attempts = JobAttempt.objects.using(using).filter(job_id=job_id)
+    last = list(attempts.order_by("-id")[:limit])
+    return attempts.count(), last[::-1]
+
+
+# -- periodic schedules --------------------------------------------------------------------
+
+
+def periodic_schedules(shown: int, *, using: str = "default") -> list[dict[str, Any]]:
+    """The first ``shown`` periodic schedules by name, removed ones last, as the admin lists
+    them. pgqueue_periodic holds one row per schedule a deploy declared (tens, not jobs)."""
+    rows = (
+        PeriodicSchedule.objects.using(using)
+        .order_by(F("removed_at").asc(nulls_first=True), "name")
+        .values(
+            "name", "cron", "timezone", "task", "tenant", "queue", "enabled", "missed",
+            "next_run_at", "last_run_at", "last_job_id", "removed_at",
+        )[:shown]
+    )  # fmt: skip
+    return list(rows)
+
+
+# -- GET /jobs ---------------------------------------------------------------------------
+
+
+def bounded_count(jobs: QuerySet[Job]) -> tuple[int, bool]:
+    """How many jobs ``jobs`` holds, and whether that is an estimate.
+
+    Exact up to COUNT_CAP: the ids are counted in a LIMITed subquery in id order (the
+    primary key, or the filter's index), which stops after COUNT_CAP + 1 rows. Past it, the
+    planner's estimate (TABLE_ROW_ESTIMATE unfiltered, QUERY_PLAN_ROWS filtered), never less
+    than the rows counted.
+    """
+    cap = count_cap()
+    counted = jobs.order_by("-id")[: cap + 1].count()
+    if counted <= cap:
+        return counted, False
+    if not jobs.query.where:
+        estimate = row_estimate(Job._meta.db_table, using=jobs.db) or 0
+    else:
+        estimate = estimate_rows(jobs)
+    return max(counted, estimate), True
+
+
+def estimate_rows(jobs: QuerySet[Any]) -> int:
+    """The planner's estimate of the rows ``jobs`` returns (QUERY_PLAN_ROWS): no row read."""
+    sql, params = jobs.order_by().query.sql_with_params()
+    with connections[jobs.db].cursor() as cursor:
+        cursor.execute(read_sql.QUERY_PLAN_ROWS + sql, params)
+        (plan,) = cursor.fetchone()
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def job_list_page(
+    jobs: QuerySet[Job],
+    *,
+    key: int | None,
+    backward: bool,
+    offset: int,
+    limit: int,
+    field_bytes: int,
+) -> list[Job]:
+    """Up to ``limit`` of ``jobs``, newest (highest id) first: older than ``key``, or, with
+    ``backward``, the ``limit`` newer than ``key`` nearest to it; ``offset`` rows skipped.
+
+    Keyset pagination on the primary key (``id < key ORDER BY id DESC``): a page costs the
+    same however deep, and stays put while jobs are added. Payloads and results come with
+    their size (``payload_bytes``, ``result_bytes``: octet_length of their JSON text) and are
+    only loaded when at most ``field_bytes`` (``payload_cut``, ``result_cut`` say otherwise),
+    so a page of large payloads is never carried from the database.
+    """
+    annotations: dict[str, Any] = {}
+    for field in ("payload", "result"):
+        size = Func(Cast(F(field), TextField()), function="octet_length")
+        annotations[f"{field}_bytes"] = size
+        annotations[f"{field}_cut"] = ExpressionWrapper(
+            Q(**{f"{field}_bytes__gt": field_bytes}), output_field=BooleanField()
+        )
+        annotations[f"{field}_small"] = Case(
+            When(**{f"{field}_bytes__lte": field_bytes}, then=F(field)), default=None
+        )
+    page = jobs.defer("payload", "result").annotate(**annotations)
+    if backward:
+        assert key is not None
+        rows = list(page.filter(id__gt=key).order_by("id")[offset : offset + limit])
+        rows.reverse()
+    else:
+        if key is not None:
+            page = page.filter(id__lt=key)
+        rows = list(page.order_by("-id")[offset : offset + limit])
+    for job in rows:
+        job.payload = job.payload_small if not job.payload_cut else None
+        job.result = job.result_small if not job.result_cut else None
+    return rows
