@@ -1,8 +1,9 @@
 """The raw SQL of pgqueue's read side, named Entity + Verb like ``pgqueue.sql``.
 
 ``pgqueue.reads``, ``pgqueue.liveness`` and ``pgqueue.pages`` run these and the plain ORM
-reads; nothing else reads figures from the job tables. Each statement says what it reads, which index serves it and who calls it. None
-takes a row lock. Parameters are bound by the driver (``%(name)s``), never formatted in.
+reads; nothing else reads figures from the job tables. Each statement says what it reads,
+which index serves it and who calls it. None takes a row lock. Parameters are bound by the
+driver (``%(name)s``), never formatted in.
 
 What every read of ``pgqueue.reads`` costs, raw or ORM. None reads every job: the live
 rows come from the partial indexes that hold only them, finished rows are counted up to
