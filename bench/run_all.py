@@ -61,7 +61,7 @@ def main() -> int:
         raw["runs"][name] = {**result.get("figures", {}), "seconds": round(elapsed, 1)}
         sections.append(f"{title}\n{result['method']}\n\n{result['report']}")
         for chart in result.get("charts", []):
-            sections[-1] += f"\nchart: {chart}"
+            sections[-1] += f"\nchart: {_relative(chart)}"
     suffix = "-quick" if args.quick else ""
     out = RESULTS / f"{stamp}{suffix}.json"
     out.write_text(json.dumps(raw, indent=2, default=str))
@@ -70,8 +70,16 @@ def main() -> int:
     print(f"machine: {about}")
     for section in sections:
         print("\n" + section)
-    print(f"\nraw figures: {out}  (total {time.monotonic() - started:.0f} s)")
+    print(f"\nraw figures: {_relative(out)}  (total {time.monotonic() - started:.0f} s)")
     return 0
+
+
+def _relative(path: Path | str) -> str:
+    """A path as the repository names it: a committed report names no machine's checkout."""
+    try:
+        return str(Path(path).resolve().relative_to(RESULTS.parent.parent))
+    except ValueError:
+        return str(path)
 
 
 if __name__ == "__main__":
