@@ -199,27 +199,8 @@ class JobAdmin(admin.ModelAdmin):
             },
         ),
     ]
-    readonly_fields = [
-        "id",
-        "task_served",
-        "tenant_name",
-        "queue",
-        "status_badge",
-        "priority",
-        "payload_pretty",
-        "result_pretty",
-        "last_error",
-        "tries",
-        "idempotency_key",
-        "runs_at",
-        "created",
-        "started",
-        "finished",
-        "run_time",
-        "lease_owner",
-        "lease_expires",
-        "vtime",
-    ]
+    # Every field of the page is read-only: jobs change only through the actions.
+    readonly_fields = [name for _, options in fieldsets for name in options["fields"]]
 
     runs_at = timestamp("run_at", "run at")
     created = timestamp("created_at")
