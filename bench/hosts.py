@@ -31,7 +31,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -337,40 +336,14 @@ def throughput_run(hosts: int, jobs: int, log_dir: Path) -> dict[str, Any]:
 
 def fair_run(hosts: int, big: int, log_dir: Path) -> dict[str, Any]:
     """bench/noisy_neighbour.py's fair scenario, with its workers split over ``hosts``."""
-    import pgqueue
-    from bench.common import percentile, query, reset_tables, scalar
-    from bench.harness import stop_workers, wait_for
-    from bench.noisy_neighbour import submit_small
+    from bench.common import percentile, query, reset_tables
+    from bench.harness import stop_workers
+    from bench.noisy_neighbour import flood_and_drain
 
     reset_tables()
     workers = start_hosts(hosts, ["--concurrency", str(FAIR_THREADS // hosts)], log_dir)
     try:
-        pgqueue.enqueue_many("bench.sleep5ms", [None] * big, tenant="big")
-        stop, errors = threading.Event(), []
-        submitter = threading.Thread(target=submit_small, args=(stop, errors), daemon=True)
-        submitter.start()
-        try:
-            wait_for(
-                lambda: (
-                    not scalar(
-                        "SELECT EXISTS (SELECT 1 FROM pgqueue_job WHERE tenant = 'big'"
-                        " AND status IN ('queued', 'running'))"
-                    )
-                ),
-                60 + big / 50,
-                "the big backlog to drain",
-                poll=0.1,
-            )
-        finally:
-            stop.set()
-            submitter.join()
-        if errors:
-            raise errors[0]
-        wait_for(
-            lambda: not scalar("SELECT EXISTS (SELECT 1 FROM pgqueue_job WHERE status <> 'done')"),
-            30,
-            "the small tenants' last jobs",
-        )
+        flood_and_drain(big)
     finally:
         stop_workers(workers)
     (drain,) = query(

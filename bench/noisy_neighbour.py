@@ -28,6 +28,40 @@ CONCURRENCY = 8
 PROCESSES = 1
 
 
+def flood_and_drain(big: int) -> None:
+    """The scenario with its workers up: the big tenant's flood of ``big`` 5 ms jobs at once,
+    the small tenants submitting (``submit_small``) until the flood has drained, then every
+    small job done. Shared by this module and bench/hosts.py (the workers split over hosts)."""
+    import pgqueue
+
+    pgqueue.enqueue_many("bench.sleep5ms", [None] * big, tenant="big")
+    stop, errors = threading.Event(), []
+    submitter = threading.Thread(target=submit_small, args=(stop, errors), daemon=True)
+    submitter.start()
+    try:
+        wait_for(
+            lambda: (
+                not scalar(
+                    "SELECT EXISTS (SELECT 1 FROM pgqueue_job WHERE tenant = 'big'"
+                    " AND status IN ('queued', 'running'))"
+                )
+            ),
+            60 + big / 50,
+            "the big backlog to drain",
+            poll=0.1,
+        )
+    finally:
+        stop.set()
+        submitter.join()
+    if errors:
+        raise errors[0]
+    wait_for(
+        lambda: not scalar("SELECT EXISTS (SELECT 1 FROM pgqueue_job WHERE status <> 'done')"),
+        30,
+        "the small tenants' last jobs",
+    )
+
+
 def submit_small(stop: threading.Event, errors: list[BaseException]) -> None:
     """One job every SMALL_PERIOD, tenants small0..small4 in turn, until ``stop``."""
     from django.db import connection
@@ -51,8 +85,6 @@ def one_run(ordering: str, big: int) -> dict[str, Any]:
     from django.conf import settings
     from django.test import override_settings
 
-    import pgqueue
-
     reset_tables()
     enqueuers = (
         override_settings(PGQUEUE={**(settings.PGQUEUE or {}), "ORDERING": "fifo"})
@@ -60,32 +92,7 @@ def one_run(ordering: str, big: int) -> dict[str, Any]:
         else contextlib.nullcontext()
     )
     with enqueuers, running_worker(CONCURRENCY, PROCESSES, ORDERING=ordering):
-        pgqueue.enqueue_many("bench.sleep5ms", [None] * big, tenant="big")
-        stop, errors = threading.Event(), []
-        submitter = threading.Thread(target=submit_small, args=(stop, errors), daemon=True)
-        submitter.start()
-        try:
-            wait_for(
-                lambda: (
-                    not scalar(
-                        "SELECT EXISTS (SELECT 1 FROM pgqueue_job WHERE tenant = 'big'"
-                        " AND status IN ('queued', 'running'))"
-                    )
-                ),
-                60 + big / 50,
-                "the big backlog to drain",
-                poll=0.1,
-            )
-        finally:
-            stop.set()
-            submitter.join()
-        if errors:
-            raise errors[0]
-        wait_for(
-            lambda: not scalar("SELECT EXISTS (SELECT 1 FROM pgqueue_job WHERE status <> 'done')"),
-            30,
-            "the small tenants' last jobs",
-        )
+        flood_and_drain(big)
     (t0, drain, big_done) = query(
         "SELECT min(created_at), extract(epoch FROM max(finished_at) - min(created_at)),"
         " count(*) FILTER (WHERE status = 'done') FROM pgqueue_job WHERE tenant = 'big'"
