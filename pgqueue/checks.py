@@ -16,7 +16,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.utils import load_backend
 
 from .conf import DEFAULTS, FINISHED_STATUSES, pgqueue_settings
-from .fairness import ORDERINGS
+from .fairness import FAIRNESS_MODES, ORDERINGS
 
 MIN_POSTGRES = 140000
 
@@ -172,6 +172,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         problems.append(f"PGQUEUE['DEFAULT_MAX_ATTEMPTS'] must be an integer 1..100, got {dma!r}.")
     if s.ORDERING not in ORDERINGS:
         problems.append(f"PGQUEUE['ORDERING'] must be one of {ORDERINGS}, got {s.ORDERING!r}.")
+    if s.FAIRNESS not in FAIRNESS_MODES:
+        problems.append(f"PGQUEUE['FAIRNESS'] must be one of {FAIRNESS_MODES}, got {s.FAIRNESS!r}.")
+    for name in ("FAIRNESS_DEFAULT_SECONDS", "FAIRNESS_MIN_SECONDS"):
+        problem = _number(name, getattr(s, name), minimum=0.000001)
+        if problem:
+            problems.append(problem)
     for name in ("DEFAULT_QUEUE", "DEFAULT_TENANT", "NOTIFY_CHANNEL"):
         value = getattr(s, name)
         if not isinstance(value, str) or not value or len(value) > 63:

@@ -39,6 +39,16 @@ DEFAULTS: dict[str, Any] = {
     # exists so benchmarks and tests can show what fairness buys; it applies to jobs
     # that become runnable after the change.
     "ORDERING": "fair",
+    # What a tenant's fair share is a share of: "jobs" (starts: each job advances its
+    # tenant's virtual clock by 1 / weight) or "time" (worker time: each job advances it by
+    # its run time / weight, estimated from its task's mean when it becomes runnable and
+    # corrected by maintenance once it has run). Applies to jobs that become runnable
+    # after the change. See "Fairness by worker time" in the README.
+    "FAIRNESS": "jobs",
+    # With FAIRNESS = "time": seconds charged for a job of a task with no finished attempt
+    # yet, and the least any job is charged (so that no-op jobs are not free).
+    "FAIRNESS_DEFAULT_SECONDS": 0.1,
+    "FAIRNESS_MIN_SECONDS": 0.001,
     # Largest accepted payload, in bytes of its JSON text.
     "MAX_PAYLOAD_BYTES": 256 * 1024,
     # Largest result a handler may return, in bytes of its JSON text; a larger one makes

@@ -24,13 +24,42 @@ largest clock when nothing is queued), they get::
 
 FIFO ordering assigns ``vtime`` = the enqueue (or promotion) transaction's timestamp, so
 jobs run in the order they became runnable. It exists to measure what fairness buys.
+
+Fairness by worker time (``FAIRNESS = "time"``; the default ``"jobs"`` is the above). The
+unit of virtual time becomes a second of worker time: a job costs its run time, not 1, so
+a tenant of 1 s jobs and a tenant of 10 ms jobs, both backlogged, get equal shares of the
+workers' time (by weight), where ``"jobs"`` gives them equal shares of starts (the first
+then holds about 99% of the workers). Run time is known only once a job has run, but its
+vtime is fixed when it becomes runnable, so a job is charged an *estimate* then::
+
+    charge = max(FAIRNESS_MIN_SECONDS, mean run time of the job's task)
+    vtime_i = start + (charge_1 + ... + charge_i) / w
+
+the mean over the task's attempts folded into ``pgqueue_task_stat`` (FAIRNESS_DEFAULT_SECONDS
+while a task has none). The charge is kept on the job (``charge``), and maintenance corrects
+the tenant's clock by ``(actual - charge) / w`` for each attempt once it has settled
+(FAIR_CLOCK_CORRECT), so the tenant's later jobs pay for the estimate's error. The
+correction moves the clock on without bound; a credit (a job shorter than charged) moves it
+back at most to the level's head, so an idle tenant still banks nothing, and a tenant's
+newer jobs can then run before the tail of its own older backlog by at most that credit.
+
+What it costs: a few index tuples of ``pgqueue_task_stat`` read per enqueue and per task in a
+promotion, and one maintenance statement per pass; the claim, the completion and the
+``"jobs"`` statements are unchanged. What it cannot do: it orders who runs *next*, so a short
+job still waits for a slot to free; when one tenant's long jobs fill every slot the short
+job's wait is the long jobs' run time, whatever the order. Only a cap on the long tenant's
+running jobs bounds that. A corrected error reaches only jobs that become runnable after
+the correction (about 5 s after the attempt): queued jobs keep their vtime.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from .conf import pgqueue_settings
 
 ORDERINGS = ("fair", "fifo")
+FAIRNESS_MODES = ("jobs", "time")
 
 
 def level_head(queue: str, priority: str) -> str:
@@ -77,3 +106,49 @@ def job_vtime(start: str, rank: str, weight: str) -> str:
 def fifo_param() -> bool:
     """The value of ``%(fifo)s``: whether the configured ordering is FIFO."""
     return pgqueue_settings.ORDERING == "fifo"
+
+
+def by_time() -> bool:
+    """Whether jobs are charged their run time (``FAIRNESS = "time"``) rather than 1."""
+    return pgqueue_settings.FAIRNESS == "time"
+
+
+def run_time_charge(task: str) -> str:
+    """SQL for the seconds a job of ``task`` (an SQL expression) is charged when it becomes
+    runnable: its task's mean run time, at least ``%(charge_min)s``; ``%(charge_default)s``
+    while the task has no folded attempt (see ``charge_params``).
+
+    Every outcome counts: a failed attempt held a slot as long as a successful one. The
+    rows of one task in pgqueue_task_stat are at most outcomes x run-time buckets (a few
+    dozen), read from pgqueue_task_stat_uniq (task first).
+    """
+    return f"""GREATEST(%(charge_min)s::float8, COALESCE(
+        (SELECT sum(ts.seconds) / NULLIF(sum(ts.count), 0) FROM pgqueue_task_stat ts
+          WHERE ts.task = {task}),
+        %(charge_default)s::float8))"""
+
+
+def charge_params() -> dict[str, float]:
+    """The values of ``%(charge_min)s`` and ``%(charge_default)s``."""
+    return {
+        "charge_min": float(pgqueue_settings.FAIRNESS_MIN_SECONDS),
+        "charge_default": float(pgqueue_settings.FAIRNESS_DEFAULT_SECONDS),
+    }
+
+
+def statement(by_jobs: str, by_time_: str, params: dict[str, Any]) -> str:
+    """The statement of the configured fairness, of a pair of sql.py's (X, X_BY_TIME).
+
+    By time, ``params`` gains the charge's parameters (``charge_params``); by jobs it is
+    left as it is, so the statement and its parameters are exactly those of ``"jobs"``.
+    """
+    if not by_time():
+        return by_jobs
+    params.update(charge_params())
+    return by_time_
+
+
+def charge_units(by_time: bool, count: str, charge: str) -> str:
+    """SQL for what ``count`` jobs of one charge cost in clock units (before the weight):
+    the count itself by jobs, ``count`` times the ``charge`` by time."""
+    return f"({count} * {charge})" if by_time else count

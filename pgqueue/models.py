@@ -131,6 +131,7 @@ class Job(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices)
     priority = models.SmallIntegerField(default=0)
     vtime = models.FloatField(null=True, blank=True)
+    charge = models.FloatField(null=True, blank=True, help_text="run time charged, in seconds")
     attempts = models.IntegerField(default=0)
     max_attempts = models.IntegerField(default=5)
     run_at = models.DateTimeField(db_default=Now())

@@ -419,7 +419,12 @@ def _fire(cursor: Any, row: schedule_store.DueSchedule, now: dt.datetime) -> Fir
         else:  # the tick's job exists already: nothing inserted, the clock refunded
             if charged:
                 store.refund_clock(
-                    cursor, tenant=row.tenant, queue=row.queue, priority=row.priority, count=1
+                    cursor,
+                    task=row.task,
+                    tenant=row.tenant,
+                    queue=row.queue,
+                    priority=row.priority,
+                    count=1,
                 )
             job_id = store.job_id_for_key(cursor, tenant=row.tenant, idempotency_key=key)
     advanced = schedule_store.periodic_advance(

@@ -252,7 +252,12 @@ def enqueue(
             return Enqueued(_job(inserted[0], opts, payload, using), True)
         if charged:
             store.refund_clock(
-                cursor, tenant=opts.tenant, queue=opts.queue, priority=opts.priority, count=1
+                cursor,
+                task=opts.task,
+                tenant=opts.tenant,
+                queue=opts.queue,
+                priority=opts.priority,
+                count=1,
             )
     existing = Job.objects.using(using).get(
         tenant_id=opts.tenant, idempotency_key=opts.idempotency_key

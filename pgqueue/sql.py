@@ -21,7 +21,7 @@ Conventions:
 
 from __future__ import annotations
 
-from .fairness import job_vtime, level_head, tenant_weight
+from .fairness import charge_units, job_vtime, level_head, run_time_charge, tenant_weight
 
 NOW = "COALESCE(%(now)s::timestamptz, now())"
 
@@ -73,27 +73,33 @@ def _enqueued(rows: str) -> str:
 #   pgqueue_fair_clock_level (the level head, one tuple each), pgqueue_job_idempotency.
 # Called by: store.enqueue, from services.enqueue / enqueue_many (the Python API, the HTTP
 #   API and the Tasks backend), inside the caller's transaction.
-JOB_ENQUEUE = f"""
+def _job_enqueue(by_time: bool) -> str:
+    """JOB_ENQUEUE charging 1 per job (by jobs) or its task's run-time charge (by time)."""
+    units = charge_units(by_time, "%(n)s", "(SELECT c FROM charge)")
+    rank = charge_units(by_time, "p.ord", "(SELECT c FROM charge)")
+    charge = f"charge AS (SELECT {run_time_charge('%(task)s')} AS c),\n" if by_time else ""
+    column, value = (", charge", ", (SELECT c FROM charge)") if by_time else ("", "")
+    return f"""
 WITH tenant_row AS ({_TENANT_ENSURE}),
-weight AS (SELECT {tenant_weight("%(tenant)s", "%(queue)s")} AS w),
+{charge}weight AS (SELECT {tenant_weight("%(tenant)s", "%(queue)s")} AS w),
 head AS (SELECT {level_head("%(queue)s", "%(priority)s")} AS h),
 clock AS (
     INSERT INTO pgqueue_fair_clock AS c (queue, tenant, priority, vtime)
-    SELECT %(queue)s, %(tenant)s, %(priority)s, head.h + %(n)s / weight.w
+    SELECT %(queue)s, %(tenant)s, %(priority)s, head.h + {units} / weight.w
       FROM head, weight
      WHERE %(idempotency_key)s::text IS NULL OR NOT EXISTS (
            SELECT 1 FROM pgqueue_job dup
             WHERE dup.tenant = %(tenant)s AND dup.idempotency_key = %(idempotency_key)s)
     ON CONFLICT (queue, tenant, priority) DO UPDATE
-       SET vtime = GREATEST(c.vtime + %(n)s / (SELECT w FROM weight), EXCLUDED.vtime)
-    RETURNING c.vtime - %(n)s / (SELECT w FROM weight) AS start, (SELECT w FROM weight) AS w
+       SET vtime = GREATEST(c.vtime + {units} / (SELECT w FROM weight), EXCLUDED.vtime)
+    RETURNING c.vtime - {units} / (SELECT w FROM weight) AS start, (SELECT w FROM weight) AS w
 ),
 inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
-                             attempts, max_attempts, run_at, idempotency_key)
+                             attempts, max_attempts, run_at, idempotency_key{column})
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'queued', %(priority)s,
-           {job_vtime("clock.start", "p.ord", "clock.w")},
-           0, %(max_attempts)s, now(), %(idempotency_key)s
+           {job_vtime("clock.start", rank, "clock.w")},
+           0, %(max_attempts)s, now(), %(idempotency_key)s{value}
       FROM clock, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -105,6 +111,18 @@ SELECT {_enqueued("inserted")}, (SELECT pg_notify(%(channel)s, %(queue)s)) IS NU
   FROM clock LEFT JOIN inserted ON TRUE
  ORDER BY inserted.id
 """
+
+
+JOB_ENQUEUE = _job_enqueue(False)
+
+# -- name: JOB_ENQUEUE_BY_TIME
+# JOB_ENQUEUE with FAIRNESS = "time": each job is charged its task's run-time estimate
+# (fairness.run_time_charge, bound to %(charge_min)s / %(charge_default)s) instead of 1,
+# and the charge is kept on the job for FAIR_CLOCK_CORRECT.
+# Locks: as JOB_ENQUEUE.
+# Indexes: as JOB_ENQUEUE, and pgqueue_task_stat_uniq (the task's rows, a few dozen at most).
+# Called by: store.enqueue when fairness.by_time(), from services.enqueue / enqueue_many.
+JOB_ENQUEUE_BY_TIME = _job_enqueue(True)
 
 # -- name: JOB_ENQUEUE_SCHEDULED
 # Enqueue 1..1,000 jobs that become runnable later (run_at in the future), returning
@@ -156,6 +174,21 @@ SELECT id FROM pgqueue_job WHERE tenant = %(tenant)s AND idempotency_key = %(ide
 FAIR_CLOCK_REFUND = f"""
 UPDATE pgqueue_fair_clock
    SET vtime = vtime - %(n)s / {tenant_weight("%(tenant)s", "%(queue)s")}
+ WHERE queue = %(queue)s AND tenant = %(tenant)s AND priority = %(priority)s
+"""
+
+# -- name: FAIR_CLOCK_REFUND_BY_TIME
+# FAIR_CLOCK_REFUND after JOB_ENQUEUE_BY_TIME: gives back the task's charge, estimated
+# again. A fold of pgqueue_task_stat committed between the two statements (this rare race
+# inside a rarer one) makes the refund differ from the charge by the change in the task's
+# mean; FAIR_CLOCK_CORRECT does not see the job (there is none), so that difference stays.
+# Locks: as FAIR_CLOCK_REFUND.
+# Indexes: pgqueue_fair_clock_uniq, pgqueue_task_stat_uniq.
+# Called by: store.refund_clock when fairness.by_time(), from services.enqueue.
+FAIR_CLOCK_REFUND_BY_TIME = f"""
+UPDATE pgqueue_fair_clock
+   SET vtime = vtime - %(n)s * {run_time_charge("%(task)s")}
+                     / {tenant_weight("%(tenant)s", "%(queue)s")}
  WHERE queue = %(queue)s AND tenant = %(tenant)s AND priority = %(priority)s
 """
 
@@ -479,10 +512,24 @@ due_levels AS MATERIALIZED (
      WHERE status = 'scheduled' AND id = ANY(%(ids)s::bigint[])
 )"""
 
+
 # Promotion of the scheduled jobs of ``{levels}`` that ``{due}`` selects; see
 # JOB_PROMOTE_DUE. The clocks are locked first, and only the jobs of the clocks locked are
 # taken: a clock an open transaction holds delays its own level's jobs, no one else's.
-_PROMOTE = f"""
+def _promote(by_time: bool) -> str:
+    """_PROMOTE charging 1 per job (by jobs) or each job's run-time charge (by time): a
+    level's ``rank`` is then the running sum of its jobs' charges, ``n`` their total."""
+    task, charge, charged = ("", "", "")
+    rank, n = "row_number() OVER (PARTITION BY k.id ORDER BY d.run_at, d.id)", "count(*)"
+    if by_time:
+        task, charged = ", j.task", ", charge = r.charge"
+        charge = f"""
+charge AS (
+    SELECT t.task, {run_time_charge("t.task")} AS c FROM (SELECT DISTINCT task FROM due) t
+),"""
+        rank = "sum(e.c) OVER (PARTITION BY k.id ORDER BY d.run_at, d.id)"
+        n = "sum(r.charge)"
+    return f"""
 WITH RECURSIVE {{levels}},
 clock AS MATERIALIZED (
     SELECT c.id, c.queue, c.tenant, c.priority FROM pgqueue_fair_clock c
@@ -502,18 +549,20 @@ candidate AS MATERIALIZED (
      LIMIT %(limit)s
 ),
 due AS MATERIALIZED (
-    SELECT j.id, j.queue, j.tenant, j.priority, j.run_at FROM pgqueue_job j
+    SELECT j.id, j.queue, j.tenant, j.priority, j.run_at{task} FROM pgqueue_job j
      WHERE j.id IN (SELECT id FROM candidate) AND {{due}}
        FOR UPDATE OF j SKIP LOCKED
-),
+),{charge}
 ranked AS (
-    SELECT d.id, k.id AS clock_id,
-           row_number() OVER (PARTITION BY k.id ORDER BY d.run_at, d.id) AS rank
+    SELECT d.id, k.id AS clock_id,{" e.c AS charge," if by_time else ""}
+           {rank} AS rank
       FROM due d
-      JOIN clock k ON (k.queue, k.tenant, k.priority) = (d.queue, d.tenant, d.priority)
+      JOIN clock k ON (k.queue, k.tenant, k.priority) = (d.queue, d.tenant, d.priority){
+        chr(10) + "      JOIN charge e ON e.task = d.task" if by_time else ""
+    }
 ),
 step AS (
-    SELECT k.id, count(*) AS n,
+    SELECT k.id, {n} AS n,
            {tenant_weight("k.tenant", "k.queue")} AS w,
            {level_head("k.queue", "k.priority")} AS h
       FROM clock k JOIN ranked r ON r.clock_id = k.id
@@ -528,13 +577,16 @@ bump AS (
 ),
 promoted AS (
     UPDATE pgqueue_job j
-       SET status = 'queued', vtime = {job_vtime("b.start", "r.rank", "b.w")}
+       SET status = 'queued', vtime = {job_vtime("b.start", "r.rank", "b.w")}{charged}
       FROM ranked r JOIN bump b ON b.id = r.clock_id
      WHERE j.id = r.id
     RETURNING j.id, j.queue
 )
 SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM promoted ORDER BY id
 """
+
+
+_PROMOTE = _promote(False)
 
 _DUE_NOW = f"j.status = 'scheduled' AND j.run_at <= {NOW}"
 _DUE_NAMED = "j.status = 'scheduled' AND j.id = ANY(%(ids)s::bigint[])"
@@ -566,6 +618,23 @@ JOB_PROMOTE_DUE = _PROMOTE.format(levels=_DUE_LEVELS, due=_DUE_NOW)
 # Called by: store.promote_ids, from services.retry_jobs / run_jobs_now, after
 #   JOB_RETRY_MANY / JOB_MAKE_DUE_MANY and FAIR_CLOCK_ENSURE_MANY in the same transaction.
 JOB_PROMOTE_MANY = _PROMOTE.format(levels=_NAMED_LEVELS, due=_DUE_NAMED)
+
+# -- name: JOB_PROMOTE_DUE_BY_TIME
+# JOB_PROMOTE_DUE with FAIRNESS = "time": each job is charged its task's run-time estimate
+# (one estimate per distinct task of the batch) instead of 1, and keeps the charge for
+# FAIR_CLOCK_CORRECT; a level's jobs get the running sum of their charges.
+# Locks: as JOB_PROMOTE_DUE.
+# Indexes: as JOB_PROMOTE_DUE, and pgqueue_task_stat_uniq (each task's rows).
+# Called by: store.promote_due when fairness.by_time(), from maintenance.
+JOB_PROMOTE_DUE_BY_TIME = _promote(True).format(levels=_DUE_LEVELS, due=_DUE_NOW)
+
+# -- name: JOB_PROMOTE_MANY_BY_TIME
+# JOB_PROMOTE_MANY with FAIRNESS = "time" (the charges of JOB_PROMOTE_DUE_BY_TIME).
+# Locks: as JOB_PROMOTE_MANY.
+# Indexes: as JOB_PROMOTE_MANY, and pgqueue_task_stat_uniq.
+# Called by: store.promote_ids when fairness.by_time(), from services.retry_jobs /
+#   run_jobs_now.
+JOB_PROMOTE_MANY_BY_TIME = _promote(True).format(levels=_NAMED_LEVELS, due=_DUE_NAMED)
 
 # Creates the missing clock rows of ``{levels}``; see FAIR_CLOCK_ENSURE_DUE.
 _CLOCK_ENSURE = """
@@ -759,6 +828,76 @@ folded AS (
 )
 INSERT INTO pgqueue_stat_mark (id, last_attempt_id)
 SELECT 1, max(id) FROM fresh HAVING count(*) > 0
+ON CONFLICT (id) DO UPDATE SET last_attempt_id = EXCLUDED.last_attempt_id
+RETURNING last_attempt_id
+"""
+
+# -- name: FAIR_CLOCK_CORRECT
+# With FAIRNESS = "time": move each tenant's clock by the error of the run-time charges of
+# its settled attempts, sum((actual - charge) / weight), so that its later jobs pay for
+# what its earlier ones cost beyond (or below) their estimate. Attempts are read like
+# TASK_STAT_FOLD's (settled, id order, at most %(limit)s) from a mark of their own
+# (pgqueue_stat_mark row 2); jobs without a charge (made runnable by jobs) are passed over.
+# A credit moves a clock back at most to its level's head (and never a clock already
+# below it): an idle tenant banks nothing, as at a charge.
+# Locks: the mark row (FOR UPDATE) and the clock rows of the attempts read, in sorted
+#   order with SKIP LOCKED, until maintenance's transaction ends. A clock held by an open
+#   enqueue is not waited for: the mark stops before the first attempt of a held clock,
+#   and that attempt and those after it are read again by the next run, so none is counted
+#   twice or lost (a held clock delays corrections only, never a job).
+# Indexes: pgqueue_job_attempt_pkey (id > mark), pgqueue_job_pkey (each attempt's job),
+#   pgqueue_fair_clock_uniq, one tuple of pgqueue_job_claim / pgqueue_fair_clock_level for
+#   each level's head, pgqueue_stat_mark_pkey.
+# Called by: store.correct_fair_clocks, from maintenance (one worker at a time) when
+#   fairness.by_time().
+FAIR_CLOCK_CORRECT = f"""
+WITH mark AS (
+    SELECT COALESCE(
+        (SELECT last_attempt_id FROM pgqueue_stat_mark WHERE id = 2 FOR UPDATE), 0
+    ) AS last_attempt_id
+),
+fresh AS MATERIALIZED (
+    SELECT a.id, j.queue, j.tenant, j.priority,
+           GREATEST(extract(epoch FROM a.finished_at - a.started_at)::float8, 0)
+           - j.charge AS error
+      FROM pgqueue_job_attempt a
+      JOIN pgqueue_job j ON j.id = a.job_id
+     WHERE a.id > (SELECT last_attempt_id FROM mark)
+       AND a.finished_at <= now() - %(settle)s * interval '1 second'
+     ORDER BY a.id
+     LIMIT %(limit)s
+),
+clock AS MATERIALIZED (
+    SELECT c.id, c.queue, c.tenant, c.priority FROM pgqueue_fair_clock c
+     WHERE (c.queue, c.tenant, c.priority) IN
+           (SELECT queue, tenant, priority FROM fresh WHERE error IS NOT NULL)
+     ORDER BY c.queue, c.tenant, c.priority
+       FOR UPDATE OF c SKIP LOCKED
+),
+held AS (
+    SELECT min(f.id) AS id FROM fresh f
+     WHERE f.error IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM clock k
+                        WHERE (k.queue, k.tenant, k.priority) = (f.queue, f.tenant, f.priority))
+       AND EXISTS (SELECT 1 FROM pgqueue_fair_clock c
+                    WHERE (c.queue, c.tenant, c.priority) = (f.queue, f.tenant, f.priority))
+),
+applied AS (
+    SELECT * FROM fresh WHERE id < COALESCE((SELECT id FROM held), 9223372036854775807)
+),
+corrected AS (
+    UPDATE pgqueue_fair_clock c
+       SET vtime = GREATEST(c.vtime + x.d, LEAST(c.vtime, x.h))
+      FROM (SELECT k.id, sum(a.error) / {tenant_weight("k.tenant", "k.queue")} AS d,
+                   {level_head("k.queue", "k.priority")} AS h
+              FROM applied a
+              JOIN clock k ON (k.queue, k.tenant, k.priority) = (a.queue, a.tenant, a.priority)
+             WHERE a.error IS NOT NULL
+             GROUP BY k.id, k.queue, k.tenant, k.priority) x
+     WHERE c.id = x.id
+)
+INSERT INTO pgqueue_stat_mark (id, last_attempt_id)
+SELECT 2, max(id) FROM applied HAVING count(*) > 0
 ON CONFLICT (id) DO UPDATE SET last_attempt_id = EXCLUDED.last_attempt_id
 RETURNING last_attempt_id
 """

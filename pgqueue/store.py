@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from . import sql
 from .conf import pgqueue_settings
-from .fairness import fifo_param
+from .fairness import fifo_param, statement
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,16 +90,20 @@ def enqueue(
         "fifo": fifo_param(),
         "channel": pgqueue_settings.NOTIFY_CHANNEL,
     }
-    cursor.execute(sql.JOB_ENQUEUE if run_at is None else sql.JOB_ENQUEUE_SCHEDULED, params)
+    if run_at is None:
+        cursor.execute(statement(sql.JOB_ENQUEUE, sql.JOB_ENQUEUE_BY_TIME, params), params)
+    else:
+        cursor.execute(sql.JOB_ENQUEUE_SCHEDULED, params)
     rows = cursor.fetchall()
     jobs = [NewJob(row[0], row[1], row[2], row[3]) for row in rows if row[0] is not None]
     return jobs, len(rows) > len(jobs)
 
 
-def refund_clock(cursor: Any, *, tenant: str, queue: str, priority: int, count: int) -> None:
-    cursor.execute(
-        sql.FAIR_CLOCK_REFUND, {"tenant": tenant, "queue": queue, "priority": priority, "n": count}
-    )
+def refund_clock(
+    cursor: Any, *, task: str, tenant: str, queue: str, priority: int, count: int
+) -> None:
+    params = {"task": task, "tenant": tenant, "queue": queue, "priority": priority, "n": count}
+    cursor.execute(statement(sql.FAIR_CLOCK_REFUND, sql.FAIR_CLOCK_REFUND_BY_TIME, params), params)
 
 
 def job_id_for_key(cursor: Any, *, tenant: str, idempotency_key: str) -> int | None:
@@ -285,15 +289,13 @@ def promote_due(
     FAIR_CLOCK_ENSURE_DUE then JOB_PROMOTE_DUE, in the caller's transaction."""
     limit = limit or pgqueue_settings.MAINTENANCE_BATCH_SIZE
     cursor.execute(sql.FAIR_CLOCK_ENSURE_DUE, {"limit": limit, "now": now})
-    cursor.execute(
-        sql.JOB_PROMOTE_DUE,
-        {
-            "limit": limit,
-            "now": now,
-            "fifo": fifo_param(),
-            "channel": pgqueue_settings.NOTIFY_CHANNEL,
-        },
-    )
+    params = {
+        "limit": limit,
+        "now": now,
+        "fifo": fifo_param(),
+        "channel": pgqueue_settings.NOTIFY_CHANNEL,
+    }
+    cursor.execute(statement(sql.JOB_PROMOTE_DUE, sql.JOB_PROMOTE_DUE_BY_TIME, params), params)
     return _ids(cursor.fetchall())
 
 
@@ -301,15 +303,13 @@ def promote_ids(cursor: Any, ids: Sequence[int]) -> list[int]:
     """Make the named scheduled jobs runnable now: two round trips,
     FAIR_CLOCK_ENSURE_MANY then JOB_PROMOTE_MANY, in the caller's transaction."""
     cursor.execute(sql.FAIR_CLOCK_ENSURE_MANY, {"ids": list(ids)})
-    cursor.execute(
-        sql.JOB_PROMOTE_MANY,
-        {
-            "ids": list(ids),
-            "limit": len(ids),
-            "fifo": fifo_param(),
-            "channel": pgqueue_settings.NOTIFY_CHANNEL,
-        },
-    )
+    params = {
+        "ids": list(ids),
+        "limit": len(ids),
+        "fifo": fifo_param(),
+        "channel": pgqueue_settings.NOTIFY_CHANNEL,
+    }
+    cursor.execute(statement(sql.JOB_PROMOTE_MANY, sql.JOB_PROMOTE_MANY_BY_TIME, params), params)
     return _ids(cursor.fetchall())
 
 

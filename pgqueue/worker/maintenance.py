@@ -6,6 +6,8 @@
   runnable, each with a fresh fair vtime, and their queues are notified.
 - ``prune_dead_workers``: worker rows not seen for a day leave the registry.
 - ``fold_task_stats``: finished attempts are folded into the per-task totals of the metrics.
+- ``correct_fair_clocks`` (only with ``FAIRNESS = "time"``): each settled attempt moves its
+  tenant's clock by the error of its run-time charge (see ``pgqueue.fairness``).
 - ``enqueue_due_periodic``: each due periodic schedule enqueues its tick's job (one per
   tick, held so by the job's idempotency key) and moves on to its next tick.
 - ``prune_finished_jobs``: finished jobs older than ``RETENTION`` leave the table with their
@@ -29,8 +31,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .. import prune_store, store
+from .. import fair_store, prune_store, store
 from ..conf import pgqueue_settings
+from ..fairness import by_time
 from ..schedules import Fired, enqueue_due
 
 logger = logging.getLogger("pgqueue.worker")
@@ -52,6 +55,8 @@ def run_maintenance(conn: Any) -> MaintenanceResult:
         promoted = promote_due_jobs(cur)
         prune_dead_workers(cur)
         fold_task_stats(cur)
+        if by_time():
+            correct_fair_clocks(cur)
         enqueue_due_periodic(cur)
     prune_finished_jobs(conn)
     # Logged once committed: a pass that rolled back rescued and promoted nothing.
@@ -94,6 +99,15 @@ def fold_task_stats(cur: Any) -> int:
     The metrics endpoint then reads a few rows per task, not the whole attempt history.
     """
     return store.fold_task_stats(cur)
+
+
+def correct_fair_clocks(cur: Any) -> int:
+    """Charge tenants the error of their jobs' run-time estimates; returns the new mark.
+
+    The estimate fixed a job's place when it became runnable; the correction makes the
+    tenant's later jobs pay for the difference, so that shares follow actual worker time.
+    """
+    return fair_store.correct_fair_clocks(cur)
 
 
 def enqueue_due_periodic(cur: Any, now: dt.datetime | None = None) -> list[Fired]:
