@@ -187,3 +187,9 @@ def print_words(payload, job):
     print("to stderr", payload["word"], file=sys.stderr)
     print("unfinished", payload["word"], end="")
     return None
+
+
+@pgqueue.task(name="test.nap")
+def nap(payload, job):
+    """test.sleep under another name: a task of its own run time (tests/test_fairness_time.py)."""
+    time.sleep(payload["seconds"])
