@@ -28,13 +28,14 @@ CONCURRENCY = 8
 PROCESSES = 1
 
 
-def flood_and_drain(big: int) -> None:
-    """The scenario with its workers up: the big tenant's flood of ``big`` 5 ms jobs at once,
-    the small tenants submitting (``submit_small``) until the flood has drained, then every
-    small job done. Shared by this module and bench/hosts.py (the workers split over hosts)."""
+def flood_and_drain(big: int, task: str = "bench.sleep5ms", payload: Any = None) -> None:
+    """The scenario with its workers up: the big tenant's flood of ``big`` jobs of ``task``
+    (5 ms each by default) at once, the small tenants submitting (``submit_small``) until
+    the flood has drained, then every small job done. Shared by this module, bench/hosts.py
+    (the workers split over hosts) and bench/heavy_flood.py (long flood jobs)."""
     import pgqueue
 
-    pgqueue.enqueue_many("bench.sleep5ms", [None] * big, tenant="big")
+    pgqueue.enqueue_many(task, [payload] * big, tenant="big")
     stop, errors = threading.Event(), []
     submitter = threading.Thread(target=submit_small, args=(stop, errors), daemon=True)
     submitter.start()
@@ -93,6 +94,11 @@ def one_run(ordering: str, big: int) -> dict[str, Any]:
     )
     with enqueuers, running_worker(CONCURRENCY, PROCESSES, ORDERING=ordering):
         flood_and_drain(big)
+    return figures(ordering, big)
+
+
+def figures(variant: str, big: int) -> dict[str, Any]:
+    """The big tenant's drain and the small tenants' waits of the run just made."""
     (t0, drain, big_done) = query(
         "SELECT min(created_at), extract(epoch FROM max(finished_at) - min(created_at)),"
         " count(*) FILTER (WHERE status = 'done') FROM pgqueue_job WHERE tenant = 'big'"
@@ -104,7 +110,7 @@ def one_run(ordering: str, big: int) -> dict[str, Any]:
         [t0],
     )
     if big_done != big:
-        raise RuntimeError(f"{ordering}: only {big_done} of {big} big jobs done")
+        raise RuntimeError(f"{variant}: only {big_done} of {big} big jobs done")
     waits = [w for _, w in small]
     return {
         "big_jobs": big,

@@ -35,6 +35,7 @@ RUNS = [
     ("profile", "9. Where a job's time goes in the worker (profile)"),
     ("prefetch", "10. Look-ahead: throughput against small-tenant wait"),
     ("soak", "11. Soak with retention"),
+    ("heavy_flood", "12. Heavy flood: long jobs in every slot"),
 ]
 
 

@@ -36,3 +36,9 @@ def chaos(payload, job):
 def sleep_5ms(payload, job):
     """Sleeps 5 ms and records nothing: a short job that waits, as I/O-bound work does."""
     time.sleep(0.005)
+
+
+@pgqueue.task(name="bench.sleep_ms")
+def sleep_ms(payload, job):
+    """Sleeps ``payload["ms"]`` milliseconds: a long job that holds its slot (heavy_flood)."""
+    time.sleep(payload["ms"] / 1000)
