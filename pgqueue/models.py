@@ -142,6 +142,9 @@ class Job(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Seconds an attempt may run from its claim (NULL: no limit); see pgqueue.timeouts.
+    timeout_seconds = models.FloatField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)  # running: asked to stop
 
     class Meta:
         db_table = "pgqueue_job"
