@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple
 
 from django.db import connections, transaction
@@ -379,15 +380,8 @@ def cancel_jobs(ids: Sequence[int], *, using: str = "default") -> BulkResult:
     """Cancel scheduled or queued jobs at once; ask running ones to stop (``requested``:
     their worker ends them 'cancelled', see ``pgqueue.stop_store``). Finished are skipped."""
     asked: list[int] = []
-
-    def change(cursor: Any, ids: list[int]) -> list[int]:
-        cancelled = store.cancel_many(cursor, ids)
-        asked.extend(stop_store.request_cancel_many(cursor, sorted(set(ids) - set(cancelled))))
-        return cancelled + asked
-
-    result = _bulk(ids, using, "cancelled", CANCELLABLE, change)
-    result.requested = sorted(asked)
-    result.changed = sorted(set(result.changed) - set(asked))
+    result = _bulk(ids, using, "cancelled", CANCELLABLE, partial(stop_store.cancel, asked=asked))
+    result.requested, result.changed = sorted(asked), sorted(set(result.changed) - set(asked))
     return result
 
 

@@ -463,7 +463,8 @@ def test_cancel_and_retry_services(db: Any) -> None:
     """Operators can cancel waiting jobs and retry dead ones, and nothing else.
 
     Cancel: a queued job becomes cancelled (and is never claimed); a running job is asked
-    to stop (it stays running, its cancel_requested_at set, until its worker ends it). Retry: a dead job restarts from attempt 0 with a fresh fair vtime and
+    to stop (it stays running, its cancel_requested_at set, until its worker ends it).
+    Retry: a dead job restarts from attempt 0 with a fresh fair vtime and
     keeps its history; a done job cannot be retried; unknown ids raise JobNotFound.
     run_jobs_now makes a delayed job runnable at once.
     """
