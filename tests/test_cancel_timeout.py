@@ -347,3 +347,21 @@ def test_timeouts_resolve_from_the_enqueue_then_the_task_then_the_setting(settin
     body = {"task": "test.noop", "timeout_seconds": 2.5}
     created = client(new_key()).post("/jobs", body, format="json").json()
     assert created["timeout_seconds"] == 2.5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_attempt_is_folded_into_the_task_stats() -> None:
+    """pgqueue_task_stat folds every outcome: a cancelled attempt is counted under its own
+    outcome (pgqueue_job_outcomes{outcome="cancelled"})."""
+    from pgqueue.models import TaskStat
+
+    job, _ = pgqueue.enqueue("test.noop", {}, tenant="acme")
+    held = _claim_one("w1")
+    with connection.cursor() as cur:
+        stop_store.request_cancel_many(cur, [job.id])
+        assert stop_store.confirm_cancel_many(cur, worker="w1", held=[(held.id, held.attempt)]) == {
+            job.id
+        }
+        store.fold_task_stats(cur, settle=0)
+    counts = TaskStat.objects.filter(task="test.noop").values_list("outcome", "count")
+    assert sorted(counts) == [("cancelled", 1)]
