@@ -24,7 +24,9 @@ from .decorators import Task, task
 from .exceptions import (
     InvalidJob,
     InvalidTransition,
+    JobCancelled,
     JobNotFound,
+    JobTimedOut,
     PayloadTooLarge,
     PermanentError,
     PgQueueError,
@@ -39,7 +41,9 @@ if TYPE_CHECKING:
 __all__ = [
     "InvalidJob",
     "InvalidTransition",
+    "JobCancelled",
     "JobNotFound",
+    "JobTimedOut",
     "PayloadTooLarge",
     "PermanentError",
     "PgQueueError",
@@ -64,6 +68,7 @@ def enqueue(
     run_at: dt.datetime | None = None,
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
+    timeout: float | dt.timedelta | None = None,
     using: str = "default",
 ) -> Enqueued:
     """Enqueue one job in the current transaction of ``using``; returns ``(job, created)``.
@@ -83,6 +88,8 @@ def enqueue(
         the first job and ``created=False``.
     :param max_attempts: 1..100 attempts before it is dead; default the task's, then
         ``DEFAULT_MAX_ATTEMPTS``.
+    :param timeout: seconds (or a timedelta) one attempt may run, counted from its claim;
+        default the task's, then ``DEFAULT_TIMEOUT_SECONDS`` (None: no timeout).
     :param using: the database alias.
     """
     from .services import enqueue as _enqueue
@@ -97,6 +104,7 @@ def enqueue(
         run_at=run_at,
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
+        timeout=timeout,
         using=using,
     )
 
@@ -111,6 +119,7 @@ def enqueue_many(
     delay: float | dt.timedelta | None = None,
     run_at: dt.datetime | None = None,
     max_attempts: int | None = None,
+    timeout: float | dt.timedelta | None = None,
     using: str = "default",
 ) -> list[int]:
     """Enqueue one job per payload, all or none, and return their ids in order.
@@ -129,5 +138,6 @@ def enqueue_many(
         delay=delay,
         run_at=run_at,
         max_attempts=max_attempts,
+        timeout=timeout,
         using=using,
     )

@@ -154,6 +154,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("PRUNE_BATCH_SIZE", 1, True),
         ("PRUNE_BATCHES_PER_PASS", 1, True),
         ("UNKNOWN_TASK_DELAY_SECONDS", 0, False),
+        ("MAX_TIMEOUT_SECONDS", 1, False),
     ]:
         problem = _number(name, getattr(s, name), minimum=minimum, integer=integer)
         if problem:
@@ -167,6 +168,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
                 "PGQUEUE['HEARTBEAT_SECONDS'] must be shorter than PGQUEUE['LEASE_SECONDS'], "
                 "or leases expire between heartbeats."
             )
+    if s.DEFAULT_TIMEOUT_SECONDS is not None:
+        problem = _number("DEFAULT_TIMEOUT_SECONDS", s.DEFAULT_TIMEOUT_SECONDS, minimum=0.001)
+        limit = s.MAX_TIMEOUT_SECONDS
+        if not problem and isinstance(limit, int | float) and s.DEFAULT_TIMEOUT_SECONDS > limit:
+            problem = "PGQUEUE['DEFAULT_TIMEOUT_SECONDS'] must be at most MAX_TIMEOUT_SECONDS."
+        if problem:
+            problems.append(problem)
     dma = s.DEFAULT_MAX_ATTEMPTS
     if isinstance(dma, bool) or not isinstance(dma, int) or not 1 <= dma <= 100:
         problems.append(f"PGQUEUE['DEFAULT_MAX_ATTEMPTS'] must be an integer 1..100, got {dma!r}.")

@@ -27,6 +27,12 @@ DEFAULTS: dict[str, Any] = {
     "DEFAULT_MAX_ATTEMPTS": 5,
     "DEFAULT_QUEUE": "default",
     "DEFAULT_TENANT": "default",
+    # Seconds one attempt of a job may run, counted from its claim, when neither the
+    # enqueue nor the task says; None: no timeout. Past it the attempt fails ("timed out
+    # after N s") and is retried or dead; the handler's thread stays busy until it returns.
+    "DEFAULT_TIMEOUT_SECONDS": None,
+    # The largest timeout an enqueue, a task or the setting above may give, in seconds.
+    "MAX_TIMEOUT_SECONDS": 24 * 3600.0,
     # Seconds between fallback polls of an idle worker (LISTEN/NOTIFY wakes it sooner).
     "POLL_SECONDS": 1.0,
     # Most jobs one claim statement takes (a worker never claims more than its free slots).

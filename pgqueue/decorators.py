@@ -34,6 +34,7 @@ class Task(RegisteredTask):
         run_at: dt.datetime | None = None,
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
+        timeout: float | dt.timedelta | None = None,
         using: str = "default",
     ) -> Enqueued:
         """Enqueue one job of this task: ``pgqueue.enqueue(this task, payload, ...)``,
@@ -50,6 +51,7 @@ class Task(RegisteredTask):
             run_at=run_at,
             idempotency_key=idempotency_key,
             max_attempts=max_attempts,
+            timeout=timeout,
             using=using,
         )
 
@@ -63,6 +65,7 @@ class Task(RegisteredTask):
         delay: float | dt.timedelta | None = None,
         run_at: dt.datetime | None = None,
         max_attempts: int | None = None,
+        timeout: float | dt.timedelta | None = None,
         using: str = "default",
     ) -> list[int]:
         """Enqueue one job of this task per payload: ``pgqueue.enqueue_many(this task,
@@ -78,6 +81,7 @@ class Task(RegisteredTask):
             delay=delay,
             run_at=run_at,
             max_attempts=max_attempts,
+            timeout=timeout,
             using=using,
         )
 
@@ -88,16 +92,27 @@ def task(
     max_attempts: int | None = None,
     queue: str | None = None,
     priority: int | None = None,
+    timeout: float | dt.timedelta | None = None,
 ) -> Callable[[Handler], Task]:
     """Register ``func(payload, job)`` as a task.
 
     ``name`` defaults to ``module.function``. The options are defaults for the task's jobs;
-    an enqueue call may override each of them.
+    an enqueue call may override each of them. ``timeout`` is the seconds one attempt may
+    run (``pgqueue.timeouts``), above 0 and at most ``PGQUEUE["MAX_TIMEOUT_SECONDS"]``:
+    checked here, so a bad value fails at import rather than at the first enqueue.
     """
+    from .timeouts import validate_timeout
+
+    seconds = validate_timeout(timeout)
 
     def decorate(func: Handler) -> Task:
         registered = Task(
-            name or f"{func.__module__}.{func.__qualname__}", func, max_attempts, queue, priority
+            name or f"{func.__module__}.{func.__qualname__}",
+            func,
+            max_attempts,
+            queue,
+            priority,
+            seconds,
         )
         register(registered)
         return registered

@@ -26,6 +26,24 @@ class PermanentError(PgQueueError):
     code = "permanent_error"
 
 
+class JobCancelled(PgQueueError):
+    """The job was asked to stop: its cancellation was requested while it ran.
+
+    ``job.heartbeat()`` raises it (``job.cancelled`` turns true at the same moment) so that
+    a handler stops early; the worker has recorded, or is recording, the attempt as
+    cancelled, and whatever the handler returns or raises afterwards is discarded.
+    """
+
+    code = "job_cancelled"
+
+
+class JobTimedOut(JobCancelled):
+    """The attempt ran past its timeout: recorded failed ("timed out after N s"), retried
+    or dead as any failure; the handler should stop, its outcome is discarded."""
+
+    code = "job_timed_out"
+
+
 class InvalidJob(PgQueueError):
     """The job was refused: one of its fields is invalid."""
 

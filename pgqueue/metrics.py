@@ -81,7 +81,7 @@ class PgQueueCollector(Collector):
             rows[(task, outcome)].append((le, count, seconds))
         outcomes = CounterMetricFamily(
             "pgqueue_job_outcomes",
-            "Finished attempts by task and outcome (done, failed, lease_expired)",
+            "Finished attempts by task and outcome (done, failed, lease_expired, cancelled)",
             labels=["task", "outcome"],
         )
         run_time = HistogramMetricFamily(

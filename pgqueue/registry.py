@@ -33,6 +33,7 @@ class RegisteredTask:
     max_attempts: int | None = None
     queue: str | None = None
     priority: int | None = None
+    timeout: float | None = None  # seconds per attempt (pgqueue.timeouts)
 
     def __call__(self, payload: Any, job: Any) -> Any:
         return self.func(payload, job)

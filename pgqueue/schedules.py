@@ -49,7 +49,7 @@ from cronsim import CronSim, CronSimError
 from django.conf import settings
 from django.db import connections, transaction
 
-from . import schedule_store, store
+from . import schedule_store, store, timeouts
 from .conf import pgqueue_settings
 from .exceptions import PgQueueError
 from .registry import RegisteredTask
@@ -413,6 +413,7 @@ def _fire(cursor: Any, row: schedule_store.DueSchedule, now: dt.datetime) -> Fir
             payloads_json=f"[{row.payload_json}]",
             count=1,
             idempotency_key=key,
+            timeout=timeouts.for_task(row.task),
         )
         if ids:
             job_id = ids[0].id

@@ -13,21 +13,24 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple
 
 from django.db import connections, transaction
 from django.utils import timezone
 
-from . import store
+from . import stop_store, store
 from .conf import pgqueue_settings
 from .exceptions import InvalidJob, InvalidTransition, JobNotFound, PayloadTooLarge
 from .models import MAX_WEIGHT, MIN_WEIGHT, Job, Status
 from .registry import RegisteredTask, get_task
+from .timeouts import resolve_timeout
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MAX_DELAY_SECONDS = 365 * 24 * 3600
 MAX_BATCH = 1000
 IDEMPOTENCY_KEY_MAX = 255
+CANCELLABLE = "scheduled, queued or running"
 
 
 class Enqueued(NamedTuple):
@@ -48,6 +51,7 @@ class JobOptions:
     max_attempts: int
     run_at: dt.datetime | None  # None: runnable now
     idempotency_key: str | None
+    timeout: float | None = None  # seconds per attempt (pgqueue.timeouts)
 
 
 @dataclass
@@ -58,6 +62,7 @@ class BulkResult:
     skipped: dict[int, str] = field(default_factory=dict)  # id -> reason
     missing: list[int] = field(default_factory=list)  # ids that name no job
     statuses: dict[int, str] = field(default_factory=dict)  # status of each skipped job
+    requested: list[int] = field(default_factory=list)  # running jobs asked to stop
 
     def __len__(self) -> int:
         return len(self.changed)
@@ -163,6 +168,7 @@ def resolve_options(
     delay: float | dt.timedelta | None = None,
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
+    timeout: float | dt.timedelta | None = None,
 ) -> JobOptions:
     """Validate an enqueue call's options and fill in the task's and settings' defaults."""
     if isinstance(task, str):
@@ -189,6 +195,7 @@ def resolve_options(
         ),
         run_at=_run_at(run_at, delay),
         idempotency_key=idempotency_key,
+        timeout=resolve_timeout(timeout, task.timeout),
     )
 
 
@@ -221,6 +228,7 @@ def enqueue(
     delay: float | dt.timedelta | None = None,
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
+    timeout: float | dt.timedelta | None = None,
     using: str = "default",
 ) -> Enqueued:
     """Enqueue one job in the current transaction of ``using``.
@@ -238,6 +246,7 @@ def enqueue(
         delay=delay,
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
+        timeout=timeout,
     )
     payloads_json = f"[{encode_payload(payload)}]"
     if opts.idempotency_key is None:
@@ -275,6 +284,7 @@ def enqueue_many(
     run_at: dt.datetime | None = None,
     delay: float | dt.timedelta | None = None,
     max_attempts: int | None = None,
+    timeout: float | dt.timedelta | None = None,
     using: str = "default",
 ) -> list[int]:
     """Enqueue one job per payload, in order, and return their ids.
@@ -292,6 +302,7 @@ def enqueue_many(
         run_at=run_at,
         delay=delay,
         max_attempts=max_attempts,
+        timeout=timeout,
     )
     encoded = [encode_payload(p, f"payloads[{i}]") for i, p in enumerate(payloads)]
     if not encoded:
@@ -319,6 +330,7 @@ def _insert(
         count=count,
         idempotency_key=opts.idempotency_key,
         run_at=opts.run_at,
+        timeout=opts.timeout,
     )
 
 
@@ -339,6 +351,7 @@ def _job(new: store.NewJob, opts: JobOptions, payload: Any, using: str) -> Job:
         run_at=new.run_at,
         idempotency_key=opts.idempotency_key,
         created_at=new.created_at,
+        timeout_seconds=opts.timeout,
     )
     job._state.adding = False
     job._state.db = using
@@ -369,8 +382,12 @@ def _bulk(ids: Sequence[int], using: str, action: str, allowed: str, change: Any
 
 
 def cancel_jobs(ids: Sequence[int], *, using: str = "default") -> BulkResult:
-    """Cancel scheduled or queued jobs. Running and finished jobs are skipped."""
-    return _bulk(ids, using, "cancelled", "scheduled or queued", store.cancel_many)
+    """Cancel scheduled or queued jobs at once; ask running ones to stop (``requested``:
+    their worker ends them 'cancelled', see ``pgqueue.stop_store``). Finished are skipped."""
+    asked: list[int] = []
+    result = _bulk(ids, using, "cancelled", CANCELLABLE, partial(stop_store.cancel, asked=asked))
+    result.requested, result.changed = sorted(asked), sorted(set(result.changed) - set(asked))
+    return result
 
 
 def retry_jobs(ids: Sequence[int], *, using: str = "default") -> BulkResult:
@@ -412,10 +429,9 @@ def _single(result: BulkResult, job_id: int, action: str, allowed: str, using: s
 
 
 def cancel(job_id: int, *, using: str = "default") -> Job:
-    """Cancel one job; raises JobNotFound or InvalidTransition (running or finished)."""
-    return _single(
-        cancel_jobs([job_id], using=using), job_id, "cancelled", "scheduled or queued", using
-    )
+    """Cancel one job, or ask it to stop when running (the Job returned is still running,
+    its ``cancel_requested_at`` set); raises JobNotFound or InvalidTransition (finished)."""
+    return _single(cancel_jobs([job_id], using=using), job_id, "cancelled", CANCELLABLE, using)
 
 
 def retry(job_id: int, *, using: str = "default") -> Job:

@@ -96,10 +96,11 @@ clock AS (
 ),
 inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
-                             attempts, max_attempts, run_at, idempotency_key{column})
+                             attempts, max_attempts, run_at, idempotency_key,
+                             timeout_seconds{column})
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'queued', %(priority)s,
            {job_vtime("clock.start", rank, "clock.w")},
-           0, %(max_attempts)s, now(), %(idempotency_key)s{value}
+           0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8{value}
       FROM clock, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -143,9 +144,10 @@ clock AS (
 ),
 inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
-                             attempts, max_attempts, run_at, idempotency_key)
+                             attempts, max_attempts, run_at, idempotency_key,
+                             timeout_seconds)
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'scheduled', %(priority)s, NULL,
-           0, %(max_attempts)s, %(run_at)s, %(idempotency_key)s
+           0, %(max_attempts)s, %(run_at)s, %(idempotency_key)s, %(timeout)s::float8
       FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -235,10 +237,11 @@ claimed AS (
       FROM picked
      WHERE j.id = picked.id
     RETURNING j.id, j.task, j.payload::text AS payload, j.tenant, j.queue, j.priority,
-              j.attempts, j.max_attempts, j.lease_expires_at, j.vtime
+              j.attempts, j.max_attempts, j.lease_expires_at, j.vtime, j.timeout_seconds
 )"""
 _CLAIMED_COLUMNS = (
-    "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, vtime"
+    "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, vtime,"
+    " timeout_seconds"
 )
 
 # Completions, as CTEs that end in ``done`` (the ids recorded); see JOB_COMPLETE_MANY.
@@ -254,6 +257,7 @@ done AS (
       FROM done_input i
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
+       AND j.cancel_requested_at IS NULL  -- a cancel request committed first wins
     RETURNING j.id, j.attempts, j.started_at
 ),
 done_history AS (
@@ -287,7 +291,9 @@ JOB_CLAIM_MANY_QUEUES = (
 # -- name: JOB_COMPLETE_MANY
 # Record successes for jobs this worker holds, one attempt row each, all stamped %(now)s.
 # Fenced: a job whose lease was lost (reaped, or claimed again by anyone, this worker
-# included) does not match and is not returned.
+# included) does not match and is not returned; nor does one whose cancellation was
+# requested (JOB_CANCEL_REQUEST_MANY committed first): the worker then records it
+# cancelled (JOB_CANCEL_CONFIRM_MANY).
 # Locks: the matched job rows, until the worker's transaction commits, at once.
 # Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease.
 # Called by: store.complete_many, from the worker runtime when its batch also holds
@@ -301,7 +307,7 @@ _COMPLETE_AND_CLAIM = """
 SELECT TRUE AS is_claim, {columns} FROM claimed
 UNION ALL
 SELECT FALSE, id, NULL::text, NULL::text, NULL::text, NULL::varchar, NULL::smallint, NULL::int,
-       NULL::int, NULL::timestamptz, NULL::float8
+       NULL::int, NULL::timestamptz, NULL::float8, NULL::float8
   FROM done"""
 
 # -- name: JOB_COMPLETE_AND_CLAIM
@@ -331,7 +337,9 @@ JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
 # Record failures for jobs this worker holds. Out of attempts, or a permanent error, means
 # dead; otherwise back to scheduled with full-jitter exponential backoff from %(now)s,
 # outside the claim index until JOB_PROMOTE_DUE gives it a fresh vtime. Fenced like
-# JOB_COMPLETE_MANY. Writes one attempt row per job with the error and traceback.
+# JOB_COMPLETE_MANY (a cancel request committed first wins here too). Writes one attempt
+# row per job with the error and traceback. A timeout the worker enforces is recorded
+# here too, as a failure whose error says "timed out after N s".
 # Locks: the matched job rows, until the worker's transaction commits, at once.
 # Index: pgqueue_job_pkey (PK lookups); the rows move from pgqueue_job_lease to
 #   pgqueue_job_scheduled.
@@ -357,6 +365,7 @@ failed AS (
       FROM input i
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
+       AND j.cancel_requested_at IS NULL  -- a cancel request committed first wins
     RETURNING j.id, j.attempts, j.started_at, j.status, j.run_at, i.error, i.tb
 ),
 history AS (
@@ -370,7 +379,9 @@ SELECT id, status, run_at FROM failed
 # -- name: JOB_HEARTBEAT_MANY
 # Extend the leases of every job a worker holds to %(now)s + %(lease)s seconds, in one
 # statement, and mark the worker seen. Fenced: a job not returned was lost (reaped and
-# possibly claimed again) and its handler must not record a result.
+# possibly claimed again) and its handler must not record a result. Each job returned
+# says whether its cancellation was requested (JOB_CANCEL_REQUEST_MANY): how the worker
+# learns it within a heartbeat when the notification was missed.
 # Locks: the matched job rows and the worker's registry row, until the caller's
 #   transaction ends (autocommit: at once).
 # Indexes: pgqueue_job_pkey (PK lookups; pgqueue_job_lease is updated), pgqueue_worker_pkey.
@@ -382,7 +393,7 @@ UPDATE pgqueue_job j
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
  WHERE j.id = i.id AND j.attempts = i.attempt
    AND j.status = 'running' AND j.lease_owner = %(worker)s
-RETURNING j.id
+RETURNING j.id, j.cancel_requested_at IS NOT NULL
 """
 
 # -- name: JOB_RELEASE_MANY
@@ -682,11 +693,146 @@ UPDATE pgqueue_job
 RETURNING id
 """
 
+# -- Cancelling a running job, and timeouts ---------------------------------------------------
+# A running job is not cancelled by the operator's statement: it is asked to stop
+# (cancel_requested_at), and the worker holding it records the end of the attempt, fenced
+# like any outcome. Completions and failures are fenced on cancel_requested_at IS NULL,
+# so a request and a completion race on the job's row lock: whichever commits first wins.
+
+# -- name: JOB_CANCEL_REQUEST_MANY
+# Ask running jobs to stop: stamp cancel_requested_at (the first request's time is kept,
+# so a second request changes nothing) and notify each holding worker on the wake-up
+# channel with the payload 'cancel:<worker id>' (a queue name cannot hold ':'), so that it
+# learns it at once rather than at its next heartbeat. PostgreSQL folds identical
+# notifications of one transaction into one. A job that completed first is no longer
+# running and is not matched (the caller reports its status).
+# Locks: the matched rows, until the operator action's transaction ends; a row being
+#   completed is waited for and re-checked (READ COMMITTED), never both.
+# Index: pgqueue_job_pkey (PK lookups).
+# Called by: store.request_cancel_many (pgqueue.stop_store), from services.cancel_jobs
+#   (admin, HTTP API, Python API, CLI), after JOB_CANCEL_MANY in the same transaction.
+JOB_CANCEL_REQUEST_MANY = """
+WITH asked AS (
+    UPDATE pgqueue_job
+       SET cancel_requested_at = COALESCE(cancel_requested_at, now())
+     WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running'
+    RETURNING id, lease_owner
+)
+SELECT id, pg_notify(%(channel)s, 'cancel:' || lease_owner) IS NULL FROM asked
+"""
+
+# -- name: JOB_CANCEL_CONFIRM_MANY
+# The worker holding jobs whose cancellation was requested ends their attempt: status
+# 'cancelled', one attempt row each with outcome 'cancelled', all stamped %(now)s. Fenced
+# like a completion (owner, attempt, running) and on the request itself: a job not
+# returned had been recorded (its completion committed before the request) or lost.
+# Whatever the handler returns afterwards is discarded (its completion no longer matches).
+# Locks: the matched job rows, until the worker's transaction commits, at once.
+# Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease.
+# Called by: stop_store.confirm_cancel_many, from the worker (worker/stops.py) when a
+#   heartbeat or a notification tells it, and for outcomes the cancel fence refused.
+JOB_CANCEL_CONFIRM_MANY = f"""
+WITH stopped AS (
+    UPDATE pgqueue_job j
+       SET status = 'cancelled', finished_at = {NOW}, lease_expires_at = NULL
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
+     WHERE j.id = i.id AND j.attempts = i.attempt
+       AND j.status = 'running' AND j.lease_owner = %(worker)s
+       AND j.cancel_requested_at IS NOT NULL
+    RETURNING j.id, j.attempts, j.started_at
+),
+history AS (
+    INSERT INTO pgqueue_job_attempt
+           (job_id, attempt, worker, started_at, finished_at, outcome, error)
+    SELECT id, attempts, %(worker)s, started_at, {NOW}, 'cancelled', 'cancelled on request'
+      FROM stopped
+)
+SELECT id FROM stopped
+"""
+
+# -- name: JOB_REAP_CANCELLED
+# Maintenance ends the running jobs asked to stop whose lease ran out before %(now)s (the
+# worker died, or was of a release that does not know cancel requests): 'cancelled', one
+# attempt row each with outcome 'cancelled'. Runs before JOB_REAP_EXPIRED, which would
+# otherwise schedule them for another attempt.
+# Locks: the rows, FOR UPDATE SKIP LOCKED (a row a late outcome holds is left for the next
+#   run), until maintenance's transaction ends.
+# Index: pgqueue_job_lease (running jobs by lease expiry; as many rows as run at once).
+# Called by: stop_store.reap_cancelled, from maintenance (one worker at a time).
+JOB_REAP_CANCELLED = f"""
+WITH expired AS MATERIALIZED (
+    SELECT id, lease_owner FROM pgqueue_job
+     WHERE status = 'running' AND lease_expires_at < {NOW}
+       AND cancel_requested_at IS NOT NULL
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+stopped AS (
+    UPDATE pgqueue_job j
+       SET status = 'cancelled', finished_at = {NOW}, lease_expires_at = NULL
+      FROM expired e
+     WHERE j.id = e.id
+    RETURNING j.id, j.attempts, j.started_at, e.lease_owner
+),
+history AS (
+    INSERT INTO pgqueue_job_attempt
+           (job_id, attempt, worker, started_at, finished_at, outcome, error)
+    SELECT id, attempts, lease_owner, started_at, {NOW}, 'cancelled',
+           'cancelled on request (the lease ran out before the worker recorded it)'
+      FROM stopped
+)
+SELECT id FROM stopped
+"""
+
+# -- name: JOB_REAP_TIMED_OUT
+# The backstop of timeouts: a running job still held %(grace)s seconds past its deadline
+# (started_at + timeout_seconds, the claim's moment) was not recorded by its worker (one
+# of a release that does not enforce timeouts, or stuck while its heartbeats go on). It
+# fails as the worker would have failed it: "timed out after N s", scheduled again with
+# backoff or dead when out of attempts, one 'failed' attempt row. The worker's late
+# outcome is fenced out (the job is no longer running). Jobs asked to stop are left to the
+# cancel path.
+# Locks: the rows, FOR UPDATE SKIP LOCKED, until maintenance's transaction ends.
+# Index: pgqueue_job_lease (a scan of the running jobs only: as many as run at once).
+# Called by: stop_store.reap_timed_out, from maintenance (one worker at a time).
+JOB_REAP_TIMED_OUT = f"""
+WITH late AS MATERIALIZED (
+    SELECT id, lease_owner,
+           'timed out after ' || trim_scale(timeout_seconds::numeric) || ' s' AS error
+      FROM pgqueue_job
+     WHERE status = 'running' AND timeout_seconds IS NOT NULL
+       AND cancel_requested_at IS NULL
+       AND started_at + (timeout_seconds + %(grace)s) * interval '1 second' < {NOW}
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+failed AS (
+    UPDATE pgqueue_job j
+       SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END,
+           run_at = CASE WHEN j.attempts >= j.max_attempts THEN j.run_at
+                         ELSE {NOW} + {BACKOFF.format(attempts="j.attempts")}
+                              * interval '1 second' END,
+           finished_at = CASE WHEN j.attempts >= j.max_attempts THEN {NOW} END,
+           last_error = l.error, lease_expires_at = NULL
+      FROM late l
+     WHERE j.id = l.id
+    RETURNING j.id, j.attempts, j.started_at, j.status, l.error, l.lease_owner
+),
+history AS (
+    INSERT INTO pgqueue_job_attempt
+           (job_id, attempt, worker, started_at, finished_at, outcome, error)
+    SELECT id, attempts, lease_owner, started_at, {NOW}, 'failed', error FROM failed
+)
+SELECT id, status FROM failed
+"""
+
 # -- name: JOB_RETRY_MANY
-# Send dead or cancelled jobs back: attempts start again from 0 (history is kept) and the
-# job waits in scheduled until its run_at; the caller then runs JOB_PROMOTE_MANY in the
-# same transaction for those already due (the ``due`` column), which gives them a fresh
-# fair vtime.
+# Send dead or cancelled jobs back: attempts start again from 0 (history is kept), a
+# cancel request is forgotten, and the job waits in scheduled until its run_at; the caller
+# then runs JOB_PROMOTE_MANY in the same transaction for those already due (the ``due``
+# column), which gives them a fresh fair vtime.
 # Locks: the matched rows, until the operator action's transaction ends.
 # Index: pgqueue_job_pkey (PK lookups); the rows join pgqueue_job_scheduled.
 # Called by: store.retry_many, from services.retry_jobs (admin, HTTP API, Python API).
@@ -694,7 +840,7 @@ JOB_RETRY_MANY = """
 UPDATE pgqueue_job
    SET status = 'scheduled', attempts = 0, vtime = NULL, result = NULL,
        run_at = GREATEST(run_at, now()), lease_owner = NULL, lease_expires_at = NULL,
-       finished_at = NULL
+       finished_at = NULL, cancel_requested_at = NULL
  WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('dead', 'cancelled')
 RETURNING id, run_at <= now() AS due
 """

@@ -32,6 +32,7 @@ class ClaimedJob:
     max_attempts: int
     lease_expires_at: dt.datetime
     vtime: float
+    timeout: float | None = None  # seconds from the claim (pgqueue.timeouts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,7 @@ def enqueue(
     count: int,
     idempotency_key: str | None = None,
     run_at: dt.datetime | None = None,
+    timeout: float | None = None,
 ) -> tuple[list[NewJob], bool]:
     """Insert ``count`` jobs whose payloads are the JSON array ``payloads_json``.
 
@@ -87,6 +89,7 @@ def enqueue(
         "n": count,
         "idempotency_key": idempotency_key,
         "run_at": run_at,
+        "timeout": timeout,
         "fifo": fifo_param(),
         "channel": pgqueue_settings.NOTIFY_CHANNEL,
     }
@@ -115,9 +118,7 @@ def job_id_for_key(cursor: Any, *, tenant: str, idempotency_key: str) -> int | N
 
 
 def _claimed(row: Sequence[Any]) -> ClaimedJob:
-    return ClaimedJob(
-        row[0], row[1], json.loads(row[2]), row[3], row[4], row[5], row[6], row[7], row[8], row[9]
-    )
+    return ClaimedJob(row[0], row[1], json.loads(row[2]), *row[3:11])
 
 
 def _lease(lease_seconds: float | None) -> float:

@@ -34,6 +34,8 @@ JOB_FIELDS = {
     "last_error",
     "result",
     "idempotency_key",
+    "timeout_seconds",
+    "cancel_requested_at",
 }
 
 #: The fields every entry of a job's history has.

@@ -357,11 +357,12 @@ class TestActions:
         response = act(admin_client, "cancel_jobs", [scheduled, queued, *others])
         msgs = messages_of(response)
         assert ("success", "Cancelled 2 job(s).") in msgs
+        assert any(m.startswith("Asked 1 running job(s) to stop") for _, m in msgs)
         (warning,) = [m for level, m in msgs if level == "warning"]
-        assert warning.startswith("Skipped 3 job(s) (1 dead, 1 done, 1 running), e.g. job ")
-        assert warning.endswith("only scheduled or queued jobs can be cancelled.")
+        assert warning.startswith("Skipped 2 job(s) (1 dead, 1 done), e.g. job ")
+        assert warning.endswith("only scheduled, queued or running jobs can be cancelled.")
         assert statuses([scheduled, queued]) == ["cancelled", "cancelled"]
-        assert statuses(others) == ["running", "done", "dead"]
+        assert statuses(others) == ["running", "done", "dead"]  # running: asked to stop
 
     def test_run_now_changes_only_scheduled_jobs(self, admin_client):
         first, second = make_job("scheduled"), make_job("scheduled")
@@ -437,7 +438,7 @@ class TestJobButtons:
             ("cancelled", ["retry"]),
             ("scheduled", ["cancel", "run-now"]),
             ("queued", ["cancel"]),
-            ("running", []),
+            ("running", ["cancel"]),
             ("done", []),
         ],
     )

@@ -677,11 +677,30 @@ class TestCancel:
         assert (data["id"], data["status"]) == (job_id, "cancelled")
         assert status_of(job_id) == "cancelled"
 
-    @pytest.mark.parametrize("state", ["running", "done", "dead", "cancelled"])
-    def test_a_running_or_finished_job_is_409(self, api, state):
+    @pytest.mark.parametrize("state", ["done", "dead", "cancelled"])
+    def test_a_finished_job_is_409(self, api, state):
         job_id = make_job(state)
         assert_error(api.delete(f"/jobs/{job_id}"), 409)
         assert status_of(job_id) == state
+
+    def test_a_running_job_is_asked_to_stop_202_cancelling(self, api):
+        """A running job is not cancelled by the request: it is asked to stop (202), shows
+        "cancelling" in GET too, and stays running until its worker ends it."""
+        job_id = make_job("running")
+        response = api.delete(f"/jobs/{job_id}")
+        assert response.status_code == 202, response.content
+        data = response.json()
+        assert (data["id"], data["status"]) == (job_id, "cancelling")
+        assert data["cancel_requested_at"] is not None
+        assert status_of(job_id) == "running"
+        shown = api.get(f"/jobs/{job_id}").json()
+        assert (shown["status"], shown["cancel_requested_at"]) == (
+            "cancelling",
+            data["cancel_requested_at"],
+        )
+        again = api.delete(f"/jobs/{job_id}")  # a second request changes nothing
+        assert again.status_code == 202
+        assert again.json()["cancel_requested_at"] == data["cancel_requested_at"]
 
     def test_an_unknown_job_is_404(self, api):
         assert_error(api.delete("/jobs/987654321"), 404, code="not_found")

@@ -287,7 +287,7 @@ def test_show_of_a_missing_job_exits_1():
     "command, ok_state, new_status, wrong_state",
     [
         ("retry", "dead", "queued", "queued"),
-        ("cancel", "queued", "cancelled", "running"),
+        ("cancel", "queued", "cancelled", "done"),
         ("run-now", "scheduled", "queued", "done"),
     ],
 )

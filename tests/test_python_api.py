@@ -250,6 +250,7 @@ ENQUEUE_OPTIONS = [
     "run_at",
     "idempotency_key",
     "max_attempts",
+    "timeout",
     "using",
 ]
 

@@ -81,6 +81,13 @@ def pretty_json(value: Any) -> str:
 def report_changes(modeladmin: admin.ModelAdmin, request: Any, verb: str, result: Any) -> None:
     """Tell the operator how many jobs changed, and why the others did not."""
     modeladmin.message_user(request, f"{verb} {len(result.changed)} job(s).", messages.SUCCESS)
+    if getattr(result, "requested", None):  # cancel: running jobs are asked to stop
+        modeladmin.message_user(
+            request,
+            f"Asked {len(result.requested)} running job(s) to stop: each ends cancelled "
+            "once its worker learns it (at once, or at its next heartbeat).",
+            messages.SUCCESS,
+        )
     if result.skipped:
         reasons = Counter(
             f"{result.statuses[i]}" if i in result.statuses else "missing" for i in result.skipped

@@ -64,7 +64,7 @@ JOB_ACTIONS = [
         "cancel",
         "Cancel",
         "Cancelled",
-        (Status.SCHEDULED, Status.QUEUED),
+        (Status.SCHEDULED, Status.QUEUED, Status.RUNNING),
         services.cancel_jobs,
     ),
     JobAction(
@@ -347,7 +347,8 @@ class JobAdmin(admin.ModelAdmin):
         report_changes(self, request, "Retried", services.retry_jobs(ids))
 
     @admin.action(
-        description="Cancel the selected scheduled or queued jobs", permissions=["change"]
+        description="Cancel the selected jobs (running ones are asked to stop)",
+        permissions=["change"],
     )
     def cancel_jobs(self, request: Any, queryset: QuerySet) -> None:
         ids = list(queryset.values_list("id", flat=True))

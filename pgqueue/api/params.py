@@ -136,12 +136,13 @@ def _schedule(data: dict[str, Any]) -> dict[str, Any]:
 
 @contextmanager
 def _delay(data: dict[str, Any]) -> Iterator[None]:
-    """The service layer's errors about ``delay``, named as the API names it."""
+    """The service layer's errors about ``delay`` and ``timeout``, named as the API names
+    them (``delay_seconds``, ``timeout_seconds``)."""
     try:
         yield
     except InvalidJob as exc:
-        if exc.field == "delay" and "delay_seconds" in data:
-            raise bad_field("delay_seconds", exc.reason) from None
+        if exc.field in ("delay", "timeout") and f"{exc.field}_seconds" in data:
+            raise bad_field(f"{exc.field}_seconds", exc.reason) from None
         raise
 
 
@@ -150,6 +151,7 @@ def _options(data: dict[str, Any]) -> dict[str, Any]:
         "queue": _typed(data, "queue", str, "a string"),
         "priority": _typed(data, "priority", int, "an integer from -100 to 100"),
         "max_attempts": _typed(data, "max_attempts", int, "an integer from 1 to 100"),
+        "timeout": _typed(data, "timeout_seconds", (int, float), "a number of seconds"),
         **_schedule(data),
     }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
 from ..models import Job, Status
@@ -15,6 +17,13 @@ RUN_AT_HELP = (
 )
 
 
+#: The one rule for a job's timeout, in Python (pgqueue.timeouts) and over HTTP.
+TIMEOUT_HELP = (
+    "seconds one attempt may run, counted from its claim: above 0, at most "
+    "PGQUEUE['MAX_TIMEOUT_SECONDS']; default the task's, then DEFAULT_TIMEOUT_SECONDS"
+)
+
+
 class ErrorSerializer(serializers.Serializer):
     error = serializers.CharField(help_text="a short code, e.g. invalid, not_found, conflict")
     detail = serializers.CharField(help_text="what went wrong, for a person")
@@ -24,7 +33,20 @@ class ErrorSerializer(serializers.Serializer):
 
 
 class JobSerializer(serializers.ModelSerializer):
+    """A job. A running job whose cancellation was requested shows the status "cancelling"
+    (and its ``cancel_requested_at``) until its worker ends it: the table keeps it
+    'running', which is what ``?status=running`` filters on."""
+
     tenant = serializers.CharField(source="tenant_id")
+    status = serializers.ChoiceField(
+        [*Status.values, "cancelling"], help_text="cancelling: running, asked to stop"
+    )
+
+    def to_representation(self, instance: Any) -> Any:
+        data = super().to_representation(instance)
+        if data.get("status") == Status.RUNNING and instance.cancel_requested_at is not None:
+            data["status"] = "cancelling"
+        return data
 
     class Meta:
         model = Job
@@ -45,6 +67,8 @@ class JobSerializer(serializers.ModelSerializer):
             "last_error",
             "result",
             "idempotency_key",
+            "timeout_seconds",
+            "cancel_requested_at",
         ]
         read_only_fields = fields
 
@@ -105,6 +129,7 @@ class EnqueueRequest(serializers.Serializer):
         "max_attempts",
         "delay_seconds",
         "run_at",
+        "timeout_seconds",
     }
     task = serializers.CharField()
     payload = serializers.JSONField(required=False, help_text="any JSON; default {}")
@@ -115,6 +140,7 @@ class EnqueueRequest(serializers.Serializer):
     max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=100)
     delay_seconds = serializers.FloatField(required=False, min_value=0, max_value=MAX_DELAY_SECONDS)
     run_at = serializers.DateTimeField(required=False, help_text=RUN_AT_HELP)
+    timeout_seconds = serializers.FloatField(required=False, help_text=TIMEOUT_HELP)
 
 
 class BatchRequest(serializers.Serializer):
@@ -127,6 +153,7 @@ class BatchRequest(serializers.Serializer):
         "max_attempts",
         "delay_seconds",
         "run_at",
+        "timeout_seconds",
     }
     task = serializers.CharField()
     payloads = serializers.ListField(
@@ -141,6 +168,7 @@ class BatchRequest(serializers.Serializer):
     max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=100)
     delay_seconds = serializers.FloatField(required=False, min_value=0, max_value=MAX_DELAY_SECONDS)
     run_at = serializers.DateTimeField(required=False, help_text=RUN_AT_HELP)
+    timeout_seconds = serializers.FloatField(required=False, help_text=TIMEOUT_HELP)
 
 
 class BatchResponse(serializers.Serializer):

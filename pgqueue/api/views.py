@@ -282,13 +282,14 @@ class JobView(PgQueueView):
         return Response(JobDetailSerializer(_visible_job(request, int(job_id))).data)
 
     @extend_schema(
-        summary="Cancel a scheduled or queued job (409 if running or finished)",
+        summary="Cancel a scheduled or queued job; ask a running one to stop (202, cancelling)",
         operation_id="jobs_cancel",
-        responses={200: JobSerializer, **ERRORS},
+        responses={200: JobSerializer, 202: JobSerializer, **ERRORS},
     )
     def delete(self, request: Request, job_id: str) -> Response:
-        job = _visible_job(request, int(job_id))
-        return Response(JobSerializer(services.cancel(job.id)).data)
+        job = services.cancel(_visible_job(request, int(job_id)).id)
+        running = job.status == Status.RUNNING  # asked to stop: its worker ends it
+        return Response(JobSerializer(job).data, status=202 if running else 200)
 
 
 class JobRetryView(PgQueueView):

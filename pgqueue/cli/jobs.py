@@ -201,11 +201,16 @@ class _BulkCommand(OperatorCommand):
             if i not in missing
         ]
         document = {"changed": result.changed, "skipped": skipped, "missing": result.missing}
+        if result.requested:  # cancel: running jobs asked to stop (their workers end them)
+            document["requested"] = result.requested
         n = len(result.changed)
         jobs = f"{n} job{'s' * (n != 1)}"
         ids = ", ".join(str(i) for i in result.changed) or "-"
         self.emit(options, document, lambda: f"{self.done.format(jobs=jobs)}: {ids}")
         if not options["json"]:
+            if result.requested:
+                asked = ", ".join(str(i) for i in result.requested)
+                self.stdout.write(f"asked {len(result.requested)} running to stop: {asked}")
             for reason in result.skipped.values():
                 self.warn(f"skipped: {reason}")
         return EXIT_SKIPPED if result.skipped else EXIT_OK

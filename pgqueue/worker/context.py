@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
+
+from ..exceptions import JobCancelled, JobTimedOut
 
 
 class JobContext:
@@ -13,22 +16,33 @@ class JobContext:
     ``lost`` turns true when a heartbeat finds that the worker no longer holds the job (its
     lease expired and the job was recovered): the handler should stop, and whatever it
     returns is not recorded. Long loops call ``heartbeat()`` to learn that early.
+
+    ``cancelled`` turns true when the job's cancellation was requested (``DELETE /jobs/<id>``,
+    the admin, ``pgqueue.cancel``) or its attempt ran past its timeout: the worker records
+    the attempt (cancelled, or failed "timed out after N s") without waiting for the
+    handler, whose return is then discarded. ``heartbeat()`` raises ``JobCancelled`` (or
+    its subclass ``JobTimedOut``) from then on. A handler that never looks keeps its
+    thread, and so one of the worker's slots, until it returns: threads cannot be killed.
     """
 
     __slots__ = (
         "_heartbeat",
         "_lost",
+        "_stop",
         "attempt",
+        "deadline",
         "future",
         "id",
         "max_attempts",
         "payload",
         "priority",
         "queue",
+        "settled",
         "started",
         "started_at",
         "task",
         "tenant",
+        "timeout",
         "worker_id",
     )
 
@@ -45,6 +59,7 @@ class JobContext:
         max_attempts: int,
         worker_id: str,
         heartbeat: Callable[[float], None],
+        timeout: float | None = None,
     ) -> None:
         self.id = id
         self.task = task
@@ -60,6 +75,14 @@ class JobContext:
         self.future: Any = None
         self._heartbeat = heartbeat
         self._lost = False  # written by the worker's loop thread only
+        self._stop: str | None = None  # "cancelled" or "timed_out"; the loop thread's too
+        #: True once the worker is done with this attempt (recorded it cancelled or timed
+        #: out): the handler's own outcome, whenever it comes, is discarded.
+        self.settled = False
+        self.timeout = timeout
+        #: time.monotonic() past which the attempt has timed out; counted from the claim,
+        #: as the job's started_at is (maintenance's backstop reads that).
+        self.deadline = None if timeout is None else time.monotonic() + timeout
 
     @property
     def lost(self) -> bool:
@@ -69,15 +92,41 @@ class JobContext:
     def mark_lost(self) -> None:
         self._lost = True
 
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was asked to stop, or its attempt timed out: stop, and return."""
+        return self._stop is not None
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the handler should stop: "cancelled", "timed_out", or None."""
+        return self._stop
+
+    def mark_stopped(self, reason: str, *, force: bool = False) -> None:
+        """The loop's: the first reason stays, unless ``force`` (what was recorded)."""
+        if self._stop is None or force:
+            self._stop = reason
+
     def heartbeat(self, timeout: float = 10.0) -> bool:
         """Ask the worker to renew its leases now; returns whether this job is still held.
 
         The worker renews every lease it holds every ``lease / 3`` anyway; calling this
-        from a long loop is how a handler finds out promptly that it should stop.
+        from a long loop is how a handler finds out promptly that it should stop. Raises
+        ``JobCancelled`` when the job was asked to stop, ``JobTimedOut`` when its attempt
+        ran past its timeout (the worker learns a request at once through a notification,
+        or at the latest at its next round, ``lease / 3``).
         """
+        self._raise_if_stopped()
         if not self.lost:
             self._heartbeat(timeout)
+        self._raise_if_stopped()
         return not self.lost
+
+    def _raise_if_stopped(self) -> None:
+        if self._stop == "timed_out":
+            raise JobTimedOut(f"job {self.id} attempt {self.attempt} ran past its timeout")
+        if self._stop is not None:
+            raise JobCancelled(f"job {self.id} was asked to stop")
 
     async def aheartbeat(self, timeout: float = 10.0) -> bool:
         """``heartbeat()`` for ``async def`` handlers: the event loop runs on meanwhile.

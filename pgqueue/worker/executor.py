@@ -123,6 +123,7 @@ class JobExecutor:
             max_attempts=job.max_attempts,
             worker_id=self.worker_id,
             heartbeat=self.heartbeat,
+            timeout=job.timeout,
         )
 
     def start(self, job: ClaimedJob) -> JobContext:
@@ -183,6 +184,9 @@ class JobExecutor:
             ctx = self._jobs.get()
             if ctx is None:
                 return
+            if ctx.settled:  # cancelled or timed out before it started: not run at all
+                self.deliver(HandlerOutcome(ctx, ok=False, error=f"not run: {ctx.stop_reason}"))
+                continue
             self.deliver(self._run(ctx))
 
     def _run(self, ctx: JobContext) -> HandlerOutcome:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import psycopg
 
-from .. import store
+from .. import stop_store
 from .context import JobContext
 
 logger = logging.getLogger("pgqueue.worker")
@@ -35,6 +35,11 @@ class Heartbeats:
     def requested(self) -> bool:
         return self._requested.is_set()
 
+    def soon(self) -> None:
+        """Have the loop run a round now, without waiting for it (a cancel notification)."""
+        self._requested.set()
+        self._wake()
+
     def request(self, timeout: float) -> None:
         """Called from a handler thread: renew leases now and wait for that to happen."""
         with self._done:
@@ -48,24 +53,32 @@ class Heartbeats:
         db: psycopg.Connection,
         contexts: Sequence[JobContext],
         others: Iterable[tuple[int, int]] = (),
-    ) -> None:
+    ) -> list[JobContext]:
         """One round on the loop's connection: the running jobs' ``contexts`` (those whose
-        lease is lost are marked so) and ``others`` held but not running, as (id, attempt)."""
+        lease is lost are marked so) and ``others`` held but not running, as (id, attempt).
+
+        Returns the contexts whose cancellation was requested (and not yet dealt with):
+        the caller ends them before it tells the handlers that the round has run.
+        """
         self._requested.clear()
-        held = [(c.id, c.attempt) for c in contexts if not c.lost]
+        held = [(c.id, c.attempt) for c in contexts if not c.lost and not c.settled]
         held += list(others)
         with db.cursor() as cur:
-            kept = store.heartbeat_many(
+            kept = stop_store.heartbeat_flags(
                 cur, worker=self.worker_id, held=held, lease_seconds=self.lease_seconds
             )
         for ctx in contexts:
-            if not ctx.lost and ctx.id not in kept:
+            if not ctx.lost and not ctx.settled and ctx.id not in kept:
                 ctx.mark_lost()
                 logger.warning(
                     "job=%d attempt=%d event=lease_lost action=result_will_be_discarded",
                     ctx.id,
                     ctx.attempt,
                 )
+        return [c for c in contexts if kept.get(c.id) and not c.lost and not c.settled]
+
+    def round_done(self) -> None:
+        """Release the handlers waiting in ``request``: the round (and what came of it) ran."""
         with self._done:
             self._round += 1
             self._done.notify_all()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import psycopg
@@ -27,12 +27,16 @@ class Listener(threading.Thread):
         channel: str,
         queues: Collection[str],
         wake: Callable[[], None],
+        on_payload: Mapping[str, Callable[[], None]] | None = None,
     ) -> None:
         super().__init__(name="pgqueue-listener", daemon=True)
         self.params = params
         self.channel = channel
         self.queues = set(queues)
         self.wake = wake
+        #: Payloads other than a queue's name, each with what to call when it arrives (a
+        #: worker's 'cancel:<worker id>'); a queue name cannot hold ':', so none collides.
+        self.on_payload = dict(on_payload or {})
         self._stop = threading.Event()
         self.connected = threading.Event()
 
@@ -52,6 +56,8 @@ class Listener(threading.Thread):
                         for note in conn.notifies(timeout=1.0):
                             if note.payload in self.queues:
                                 self.wake()
+                            elif note.payload in self.on_payload:
+                                self.on_payload[note.payload]()
             except psycopg.Error as exc:
                 self.connected.clear()
                 logger.warning(

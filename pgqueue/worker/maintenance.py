@@ -1,5 +1,8 @@
 """Maintenance: the queue's background duties, run by one worker at a time.
 
+- ``stop_abandoned_jobs``: a job asked to stop whose lease ran out is cancelled (not
+  retried); a job held a lease's length past its timeout, which its worker did not record,
+  fails "timed out after N s" (retried or dead). See ``pgqueue.timeouts``.
 - ``rescue_expired_leases``: a job whose lease ran out (its worker crashed, was killed or
   stalled) is taken back: scheduled again with backoff, or dead when out of attempts.
 - ``promote_due_jobs``: scheduled jobs whose run_at has come (delays, backoffs) become
@@ -31,10 +34,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .. import fair_store, prune_store, store
+import psycopg
+
+from .. import fair_store, prune_store, stop_store, store
 from ..conf import pgqueue_settings
 from ..fairness import by_time
 from ..schedules import Fired, enqueue_due
+from .connection import CONNECTION_ERRORS, error_text
 
 logger = logging.getLogger("pgqueue.worker")
 
@@ -46,11 +52,24 @@ class MaintenanceResult:
     promoted: list[int]
 
 
+def maintain(db: Any) -> None:
+    """One pass from a worker's loop; an error of the database in it does not stop the
+    worker: the pass's transaction has rolled back and the next pass tries again. A lost
+    connection is the loop's to handle (it reconnects)."""
+    try:
+        run_maintenance(db)
+    except CONNECTION_ERRORS:
+        raise
+    except psycopg.Error as exc:
+        logger.exception("event=maintenance_error error=%r action=retry_next_pass", error_text(exc))
+
+
 def run_maintenance(conn: Any) -> MaintenanceResult:
     """One maintenance pass on ``conn`` (a psycopg connection in autocommit mode)."""
     with conn.transaction(), conn.cursor() as cur:
         if not store.try_maintenance_lock(cur):
             return MaintenanceResult(False, {}, [])
+        stopped = stop_abandoned_jobs(cur)
         rescued = rescue_expired_leases(cur)
         promoted = promote_due_jobs(cur)
         prune_dead_workers(cur)
@@ -62,12 +81,25 @@ def run_maintenance(conn: Any) -> MaintenanceResult:
     # Logged once committed: a pass that rolled back rescued and promoted nothing.
     for job_id, status in rescued.items():
         logger.warning("job=%d event=lease_expired new_status=%s", job_id, status)
+    for job_id, event in stopped.items():
+        logger.warning("job=%d event=%s action=recorded_by_maintenance", job_id, event)
     if promoted:
         logger.debug("event=promoted count=%d", len(promoted))
     return MaintenanceResult(True, rescued, promoted)
 
 
 # Each duty runs on the cursor of run_maintenance's transaction, under its advisory lock.
+
+
+def stop_abandoned_jobs(cur: Any) -> dict[int, str]:
+    """End the jobs their worker did not stop: asked to stop with an expired lease
+    (cancelled, not retried), or held a lease's length past their timeout (failed "timed
+    out after N s", retried or dead). ``{job id: event}``. Runs before the reaper, which
+    would schedule the former for another attempt."""
+    stopped = dict.fromkeys(stop_store.reap_cancelled(cur), "cancelled")
+    for job_id, status in stop_store.reap_timed_out(cur).items():
+        stopped[job_id] = f"timed_out new_status={status}"
+    return stopped
 
 
 def rescue_expired_leases(cur: Any) -> dict[int, str]:

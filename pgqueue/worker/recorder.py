@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from .. import store
+from .. import stop_store, store
 from .connection import CONNECTION_ERRORS, error_text
 from .context import JobContext
 from .executor import ERROR_MAX_BYTES, HandlerOutcome, storable_text
@@ -43,14 +43,14 @@ class OutcomeRecorder:
     def split(
         outcomes: list[HandlerOutcome],
     ) -> tuple[list[tuple[int, int, str | None]], list[store.Failure]]:
-        """Successes and failures to write; a lost job's outcome is not written at all."""
-        successes = [
-            (o.ctx.id, o.ctx.attempt, o.result_json) for o in outcomes if o.ok and not o.ctx.lost
-        ]
+        """Successes and failures to write; the outcome of a lost job, or of one the worker
+        already ended (cancelled, timed out: ``settled``), is not written at all."""
+        live = [o for o in outcomes if not o.ctx.lost and not o.ctx.settled]
+        successes = [(o.ctx.id, o.ctx.attempt, o.result_json) for o in live if o.ok]
         failures = [
             store.Failure(o.ctx.id, o.ctx.attempt, o.error or "", o.traceback, o.permanent)
-            for o in outcomes
-            if not o.ok and not o.ctx.lost
+            for o in live
+            if not o.ok
         ]
         return successes, failures
 
@@ -62,7 +62,31 @@ class OutcomeRecorder:
             recorded |= store.complete_many(cur, worker=self.worker_id, results=successes)
         if failures:
             recorded |= set(store.fail_many(cur, worker=self.worker_id, failures=failures))
-        return recorded
+        return recorded | self.cancel_refused(cur, outcomes, recorded)
+
+    def cancel_refused(
+        self, cur: Any, outcomes: list[HandlerOutcome], recorded: set[int]
+    ) -> set[int]:
+        """Record cancelled the jobs whose outcome the fence refused because their
+        cancellation was requested first (the request won the race); returns their ids.
+
+        One more statement only when an outcome was refused (a cancel race, or a lost
+        lease the worker has not heard of yet).
+        """
+        refused = [
+            o.ctx
+            for o in outcomes
+            if o.ctx.id not in recorded and not o.ctx.lost and not o.ctx.settled
+        ]
+        if not refused:
+            return set()
+        stopped = stop_store.confirm_cancel_many(
+            cur, worker=self.worker_id, held=[(c.id, c.attempt) for c in refused]
+        )
+        for ctx in refused:
+            if ctx.id in stopped:
+                ctx.mark_stopped("cancelled", force=True)
+        return stopped
 
     def record_in_transaction(
         self, db: psycopg.Connection, outcomes: list[HandlerOutcome]
@@ -144,18 +168,21 @@ class OutcomeRecorder:
             if ctx.id not in recorded:
                 logger.warning(
                     "job=%d task=%s tenant=%s queue=%s attempt=%d outcome=discarded "
-                    "reason=lease_lost duration_ms=%.1f",
+                    "reason=%s duration_ms=%.1f",
                     ctx.id,
                     ctx.task,
                     ctx.tenant,
                     ctx.queue,
                     ctx.attempt,
+                    ctx.stop_reason if ctx.settled else "lease_lost",
                     o.duration * 1000,
                 )
             elif logger.isEnabledFor(logging.INFO):
                 outcome = "done" if o.ok else ("dead" if o.permanent else "failed")
                 if not o.ok and not o.permanent and ctx.attempt >= ctx.max_attempts:
                     outcome = "dead"
+                if ctx.stop_reason == "cancelled":  # its cancel request won the race
+                    outcome = "cancelled"
                 logger.info(
                     "job=%d task=%s tenant=%s queue=%s attempt=%d outcome=%s duration_ms=%.1f%s",
                     ctx.id,

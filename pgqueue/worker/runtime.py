@@ -37,8 +37,9 @@ from .context import JobContext
 from .executor import HandlerOutcome, JobExecutor, serves
 from .heartbeat import Heartbeats
 from .listener import Listener
-from .maintenance import run_maintenance
+from .maintenance import maintain
 from .recorder import OutcomeRecorder
+from .stops import JobStops
 
 logger = logging.getLogger("pgqueue.worker")
 
@@ -96,11 +97,13 @@ class WorkerLoop:
             unknown_task_delay=float(pgqueue_settings.UNKNOWN_TASK_DELAY_SECONDS),
         )
         self.heartbeats = Heartbeats(self.id, self.lease, self.wake_event.set)
+        self.stops = JobStops(self.id, self.heartbeats, self.recorder)  # cancels, timeouts
         self.listener = Listener(
             connect_params(alias, application_name=f"pgqueue listener {self.id}"[:63]),
             pgqueue_settings.NOTIFY_CHANNEL,
             self.queues,
             self.wake,
+            on_payload={self.stops.cancel_payload: self.stops.notified},
         )
 
     # -- signals and wake-ups -----------------------------------------------------------
@@ -161,8 +164,9 @@ class WorkerLoop:
                     if now >= next_heartbeat or self.heartbeats.requested:
                         self._heartbeat()
                         next_heartbeat = now + self.heartbeat_every
+                    self.stops.expire(self.db, self.in_flight.values())  # past their timeout
                     if now >= next_maintenance and not self.stopping.is_set():
-                        self._maintain()
+                        maintain(self.db)
                         next_maintenance = now + self.maintenance_every * (
                             0.8 + 0.4 * random.random()
                         )
@@ -175,9 +179,10 @@ class WorkerLoop:
                     break
                 if claimed_all and self._want() > 0:
                     continue  # the batch size capped the claim: more may be waiting now
+                deadline = self.stops.next_deadline(self.in_flight.values()) or next_heartbeat
                 timeout = min(
                     self.poll_every * (0.75 + 0.5 * random.random()),
-                    max(0.0, next_heartbeat - time.monotonic()),
+                    max(0.0, min(next_heartbeat, deadline) - time.monotonic()),
                     max(0.0, next_maintenance - time.monotonic())
                     if not self.stopping.is_set()
                     else self.poll_every,
@@ -216,6 +221,8 @@ class WorkerLoop:
                 if want:
                     recorded_too, claimed = self._claim(cur, want, successes if fused else [])
                     recorded |= recorded_too
+                if fused:  # a success the cancel fence refused is recorded cancelled
+                    recorded |= self.recorder.cancel_refused(cur, self.pending, recorded)
         except CONNECTION_ERRORS:
             raise
         except psycopg.Error as exc:
@@ -301,7 +308,10 @@ class WorkerLoop:
                 outcome = self.outcomes.get_nowait()
             except queue.Empty:
                 return
-            self.in_flight.pop(outcome.ctx.id, None)
+            if self.in_flight.get(outcome.ctx.id) is outcome.ctx:
+                del self.in_flight[outcome.ctx.id]
+            else:  # an attempt the worker ended (timed out) whose job it runs again now
+                self.stops.lingering.remove(outcome.ctx)
             self.pending.append(outcome)
 
     def _release_unstarted(self) -> None:
@@ -319,13 +329,16 @@ class WorkerLoop:
         """Jobs to claim: the idle slots plus the look-ahead, less what is held already."""
         if self.stopping.is_set():
             return 0
-        want = min(self.concurrency + self.prefetch - len(self.in_flight), self.batch_size)
+        held = len(self.in_flight) + len(self.stops.lingering)  # the latter hold threads
+        want = min(self.concurrency + self.prefetch - held, self.batch_size)
         if self.max_jobs is not None:
             want = min(want, self.max_jobs - self.claimed_total)
         return max(want, 0)
 
     def _finished(self, claimed_all: bool) -> bool:
-        if self.in_flight or self.pending or self.recorder.unrunnable or not self.outcomes.empty():
+        if self.in_flight or self.stops.lingering or self.pending or self.recorder.unrunnable:
+            return False
+        if not self.outcomes.empty():
             return False
         if self.stopping.is_set():
             return True
@@ -347,6 +360,8 @@ class WorkerLoop:
             if not serves(job.task):
                 self.recorder.unrunnable.append(job)  # given back below, uncounted
                 continue
+            if job.id in self.in_flight:  # its timed-out attempt's handler is still running
+                self.stops.lingering.append(self.in_flight[job.id])
             self.in_flight[job.id] = self.executor.start(job)
             self.claimed_total += 1
         if self.recorder.unrunnable:
@@ -357,24 +372,6 @@ class WorkerLoop:
         self.outcomes.put(outcome)
         self.wake_event.set()
 
-    # -- maintenance ----------------------------------------------------------------------
-
-    def _maintain(self) -> None:
-        """One maintenance pass; an error of the database in it does not stop the worker.
-
-        The pass's transaction has rolled back; the next pass tries again. A lost
-        connection is the loop's to handle (it reconnects).
-        """
-        assert self.db is not None
-        try:
-            run_maintenance(self.db)
-        except CONNECTION_ERRORS:
-            raise
-        except psycopg.Error as exc:
-            logger.exception(
-                "event=maintenance_error error=%r action=retry_next_pass", error_text(exc)
-            )
-
     # -- heartbeats -----------------------------------------------------------------------
 
     def _request_heartbeat(self, timeout: float) -> None:
@@ -384,7 +381,7 @@ class WorkerLoop:
         assert self.db is not None
         contexts = [*self.in_flight.values(), *(o.ctx for o in self.pending)]
         unrunnable = [(j.id, j.attempt) for j in self.recorder.unrunnable]
-        self.heartbeats.beat(self.db, contexts, unrunnable)
+        self.stops.beat(self.db, contexts, unrunnable)
 
     # -- connection, registry, shutdown ---------------------------------------------------
 

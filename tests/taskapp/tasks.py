@@ -193,3 +193,49 @@ def print_words(payload, job):
 def nap(payload, job):
     """test.sleep under another name: a task of its own run time (tests/test_fairness_time.py)."""
     time.sleep(payload["seconds"])
+
+
+# -- cancelling a running job, timeouts (tests/test_cancel_timeout.py) ----------------------
+
+
+def _note(payload, key, text):
+    if isinstance(payload, dict) and payload.get(key):
+        Path(f"{payload[key]}.{text}").touch()
+
+
+@pgqueue.task(name="test.until_cancelled")
+def until_cancelled(payload, job):
+    """Look at ``job.cancelled`` (no heartbeat: no database round) until it turns true,
+    touch ``<observed>.<reason>``, then return a value that must be discarded."""
+    _mark_started(payload, job)
+    deadline = time.monotonic() + payload.get("timeout", 30)
+    while not job.cancelled and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _note(payload, "observed", job.stop_reason or "never")
+    return {"ignored": True}
+
+
+@pgqueue.task(name="test.heartbeat_until_cancelled")
+def heartbeat_until_cancelled(payload, job):
+    """Call ``job.heartbeat()`` in a loop; touch ``<observed>.<exception name>`` when it
+    raises, then return a value that must be discarded."""
+    _mark_started(payload, job)
+    deadline = time.monotonic() + payload.get("timeout", 30)
+    try:
+        while time.monotonic() < deadline:
+            job.heartbeat()
+            time.sleep(0.05)
+    except pgqueue.JobCancelled as exc:
+        _note(payload, "observed", type(exc).__name__)
+    return {"ignored": True}
+
+
+@pgqueue.task(name="test.slow_first")
+def slow_first(payload, job):
+    """Attempt 1 sleeps ``payload["seconds"]`` (past its timeout), ignoring cancellation;
+    later attempts return at once. Touches ``<finished>.<attempt>`` as it returns."""
+    _mark_started(payload, job)
+    if job.attempt == 1:
+        time.sleep(payload["seconds"])
+    _note(payload, "finished", str(job.attempt))
+    return {"attempt": job.attempt}
