@@ -7,6 +7,7 @@ partial indexes and CHECK constraints those statements rely on.
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -142,6 +143,10 @@ class Job(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Queued behind a tenant's limits (pgqueue.limits): out of the claim index.
+    gated = models.BooleanField(default=False, db_default=False)
+    # While running: the pgqueue_limit rows it is counted in (each exit decrements them).
+    limit_ids = ArrayField(models.BigIntegerField(), null=True, blank=True)
 
     class Meta:
         db_table = "pgqueue_job"
@@ -149,8 +154,14 @@ class Job(models.Model):
             # JOB_CLAIM: runnable jobs in claim order, and nothing else.
             models.Index(
                 fields=["queue", "-priority", "vtime", "id"],
-                condition=Q(status="queued"),
+                condition=Q(status="queued", gated=False),
                 name="pgqueue_job_claim",
+            ),
+            # JOB_CLAIM's gated part: each limited (queue, tenant)'s jobs in claim order.
+            models.Index(
+                fields=["queue", "tenant", "-priority", "vtime", "id"],
+                condition=Q(status="queued", gated=True),
+                name="pgqueue_job_gated",
             ),
             # JOB_PROMOTE_DUE: scheduled jobs by when they become runnable.
             models.Index(
@@ -450,3 +461,6 @@ class PeriodicSchedule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.cron})"
+
+
+from .limit_models import Limit  # noqa: E402, F401  (registered with the app)

@@ -40,6 +40,21 @@ _TENANT_ENSURE = """
 """
 
 
+def _limiting(row: str) -> str:
+    """SQL: the pgqueue_limit row ``row`` limits something (a cap, a rate or a pause)."""
+    return f"({row}.max_running IS NOT NULL OR {row}.rate_count IS NOT NULL OR {row}.paused)"
+
+
+def _gated(tenant: str, queue: str) -> str:
+    """SQL: a job of (``tenant``, ``queue``) is gated: a limit row of the tenant, or of the
+    tenant in that queue, limits something. Gated jobs wait outside the claim index (in
+    pgqueue_job_gated), so a capped tenant's backlog costs the claim nothing. One probe of
+    pgqueue_limit_scope (tenant, queue); next to nothing on an empty table."""
+    return f"""EXISTS (
+        SELECT 1 FROM pgqueue_limit gl
+         WHERE gl.tenant = {tenant} AND gl.queue IN ('', {queue}) AND {_limiting("gl")})"""
+
+
 def _enqueued(rows: str) -> str:
     """What the enqueue statements return of each new job (before a trailing column): what
     ``pgqueue.enqueue`` needs to return a complete Job without reading it back.
@@ -77,6 +92,7 @@ JOB_ENQUEUE = f"""
 WITH tenant_row AS ({_TENANT_ENSURE}),
 weight AS (SELECT {tenant_weight("%(tenant)s", "%(queue)s")} AS w),
 head AS (SELECT {level_head("%(queue)s", "%(priority)s")} AS h),
+gate AS (SELECT {_gated("%(tenant)s", "%(queue)s")} AS g),
 clock AS (
     INSERT INTO pgqueue_fair_clock AS c (queue, tenant, priority, vtime)
     SELECT %(queue)s, %(tenant)s, %(priority)s, head.h + %(n)s / weight.w
@@ -90,11 +106,11 @@ clock AS (
 ),
 inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
-                             attempts, max_attempts, run_at, idempotency_key)
+                             attempts, max_attempts, run_at, idempotency_key, gated)
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'queued', %(priority)s,
            {job_vtime("clock.start", "p.ord", "clock.w")},
-           0, %(max_attempts)s, now(), %(idempotency_key)s
-      FROM clock, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
+           0, %(max_attempts)s, now(), %(idempotency_key)s, gate.g
+      FROM clock, gate, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, run_at, created_at, vtime
@@ -159,37 +175,137 @@ UPDATE pgqueue_fair_clock
  WHERE queue = %(queue)s AND tenant = %(tenant)s AND priority = %(priority)s
 """
 
-# The claim's CTEs end in ``claimed`` (the rows now leased to %(worker)s); see JOB_CLAIM.
-# The CTE that locks is MATERIALIZED so that locking happens once, before the UPDATE.
-_CLAIM_ONE_QUEUE = """
-picked AS MATERIALIZED (
-    SELECT id FROM pgqueue_job
-     WHERE queue = (%(queues)s::text[])[1] AND status = 'queued'
-     ORDER BY priority DESC, vtime, id
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-),"""
-# With several queues, each queue offers its own best jobs and they are interleaved rank by
-# rank (priority first): vtimes of different queues are not comparable.
-_CLAIM_MANY_QUEUES = """
-candidates AS MATERIALIZED (
-    SELECT j.id, j.priority, j.vtime, q.ord
-      FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)
-      CROSS JOIN LATERAL (
-            SELECT id, priority, vtime FROM pgqueue_job
-             WHERE queue = q.name AND status = 'queued'
-             ORDER BY priority DESC, vtime, id
-             LIMIT %(limit)s
-               FOR UPDATE SKIP LOCKED
-      ) j
+#: A limit row ``l``'s tokens now: a token bucket of rate_count per rate_seconds holding at
+#: most max(1, ceil(rate_count / 10)) (the burst), ``tokens`` as of ``refilled_at``.
+_TOKENS = f"""LEAST(GREATEST(1, ceil(l.rate_count / 10.0)), l.tokens
+        + GREATEST(extract(epoch FROM {NOW} - COALESCE(l.refilled_at, {NOW})), 0)
+          * l.rate_count / l.rate_seconds)"""
+#: The starts a limit row ``l`` allows now, at most %(limit)s: 0 when paused.
+_FREE = f"""CASE WHEN l.paused THEN 0 ELSE GREATEST(LEAST(
+        COALESCE(l.max_running - l.running, %(limit)s),
+        CASE WHEN l.rate_count IS NULL THEN %(limit)s ELSE floor({_TOKENS})::int END,
+        %(limit)s), 0) END"""
+
+# The claim's CTEs end in ``picked`` (the jobs to lease, with the limit rows each counts
+# in) and ``counted`` (those rows' counters raised, their tokens spent); see JOB_CLAIM. One
+# shape for one queue or several: each queue offers its best jobs and they are interleaved
+# rank by rank (priority first), because vtimes of different queues are not comparable;
+# with one queue that is plain (priority DESC, vtime, id) order.
+# - ``groups``: the limited (queue, tenant) pairs that have gated jobs, each with the limit
+#   rows that apply to it (the tenant's, the tenant's in that queue). A tenant with no
+#   gated job in these queues costs one probe of pgqueue_job_gated.
+# - ``gate``: those rows and the queues' own limiting rows, locked in id order (the order
+#   of every decrement too, so claims and exits never deadlock), SKIP LOCKED (a row another
+#   claim holds is skipped this once: still exact, never waiting), and only those with
+#   room now. In READ COMMITTED a row changed since the snapshot is re-read at its newest
+#   version before the lock is granted, and ``free`` is evaluated on that version: the
+#   truth, not the snapshot (a count(*) of running jobs here would overshoot).
+# - ``budget``: per queue, the starts its own limits allow now (0 when paused, at its cap,
+#   out of tokens, or when another claim holds its row this instant).
+# - ``open_jobs``: the ungated scan, as before, LIMIT the queue's budget. A job of a tenant
+#   limited since it was queued (``stale``) is gated instead of run (it is locked already):
+#   each such job is seen once.
+# - ``gated_jobs``: each group whose rows all have room takes its next jobs from
+#   pgqueue_job_gated, LIMIT that room: a capped tenant is skipped without reading its
+#   backlog.
+# - ``fits``: a candidate stays if, in every limit row it counts in, its rank among the
+#   candidates is within that row's room (a tenant-wide row is shared by the queues).
+#   Keeping the best %(limit)s of those never exceeds any row's room.
+_CLAIM = f"""
+claim_queues AS MATERIALIZED (
+    SELECT name, ord FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)
 ),
-picked AS (
-    SELECT id FROM (
-        SELECT id, priority, ord,
+groups AS MATERIALIZED (
+    SELECT q.name AS queue, q.ord, l.tenant, array_agg(l.id ORDER BY l.id) AS ids
+      FROM claim_queues q
+      JOIN pgqueue_limit l ON l.tenant <> '' AND l.queue IN ('', q.name)
+     GROUP BY q.name, q.ord, l.tenant
+    HAVING EXISTS (SELECT 1 FROM pgqueue_job g
+                    WHERE g.queue = q.name AND g.tenant = l.tenant
+                      AND g.status = 'queued' AND g.gated)
+),
+gate AS MATERIALIZED (
+    SELECT l.id, l.queue, l.tenant, {_FREE} AS free, {_TOKENS} AS avail
+      FROM pgqueue_limit l
+     WHERE (l.id IN (SELECT unnest(ids) FROM groups)
+            OR (l.tenant = '' AND l.queue IN (SELECT name FROM claim_queues)
+                AND {_limiting("l")}))
+       AND {_FREE} > 0
+     ORDER BY l.id
+       FOR UPDATE SKIP LOCKED
+),
+budget AS MATERIALIZED (
+    SELECT q.name, q.ord, g.id AS qid,
+           CASE WHEN g.id IS NOT NULL THEN g.free
+                WHEN EXISTS (SELECT 1 FROM pgqueue_limit l
+                              WHERE l.tenant = '' AND l.queue = q.name AND {_limiting("l")})
+                THEN 0
+                ELSE %(limit)s END AS free
+      FROM claim_queues q LEFT JOIN gate g ON g.tenant = '' AND g.queue = q.name
+),
+open_jobs AS MATERIALIZED (
+    SELECT j.id, j.priority, j.vtime, b.ord, b.qid, {_gated("j.tenant", "b.name")} AS stale
+      FROM budget b
+     CROSS JOIN LATERAL (
+           SELECT id, tenant, priority, vtime FROM pgqueue_job
+            WHERE queue = b.name AND status = 'queued' AND NOT gated
+            ORDER BY priority DESC, vtime, id
+            LIMIT b.free
+              FOR UPDATE SKIP LOCKED
+     ) j
+),
+regated AS (
+    UPDATE pgqueue_job j SET gated = TRUE FROM open_jobs o WHERE j.id = o.id AND o.stale
+),
+gated_jobs AS MATERIALIZED (
+    SELECT j.id, j.priority, j.vtime, r.ord, array_remove(r.ids || r.qid, NULL) AS ids
+      FROM (SELECT gr.queue, gr.tenant, gr.ord, gr.ids, b.qid,
+                   LEAST(b.free, (SELECT min(g.free) FROM gate g WHERE g.id = ANY(gr.ids)))
+                       AS room
+              FROM groups gr JOIN budget b ON b.ord = gr.ord
+             WHERE (SELECT count(*) FROM gate g WHERE g.id = ANY(gr.ids))
+                   = cardinality(gr.ids)
+           ) r
+     CROSS JOIN LATERAL (
+           SELECT id, priority, vtime FROM pgqueue_job
+            WHERE queue = r.queue AND tenant = r.tenant AND status = 'queued' AND gated
+            ORDER BY priority DESC, vtime, id
+            LIMIT r.room
+              FOR UPDATE SKIP LOCKED
+     ) j
+),
+candidates AS MATERIALIZED (
+    SELECT id, priority, vtime, ord,
+           CASE WHEN qid IS NULL THEN '{{}}'::bigint[] ELSE ARRAY[qid] END AS ids
+      FROM open_jobs WHERE NOT stale
+    UNION ALL
+    SELECT id, priority, vtime, ord, ids FROM gated_jobs
+),
+ranks AS MATERIALIZED (
+    SELECT c.id, u.lid,
+           row_number() OVER (PARTITION BY u.lid ORDER BY c.priority DESC, c.vtime, c.id)
+               AS rank
+      FROM candidates c CROSS JOIN LATERAL unnest(c.ids) AS u(lid)
+),
+picked AS MATERIALIZED (
+    SELECT id, ids FROM (
+        SELECT id, ids, priority, ord,
                row_number() OVER (PARTITION BY ord ORDER BY priority DESC, vtime, id) AS rank
-          FROM candidates) c
+          FROM candidates c
+         WHERE NOT EXISTS (SELECT 1 FROM ranks r JOIN gate g ON g.id = r.lid
+                            WHERE r.id = c.id AND r.rank > g.free)) c
      ORDER BY priority DESC, rank, ord
      LIMIT %(limit)s
+),
+counted AS (
+    UPDATE pgqueue_limit l
+       SET running = l.running + t.n,
+           tokens = CASE WHEN l.rate_count IS NULL THEN l.tokens ELSE g.avail - t.n END,
+           refilled_at = CASE WHEN l.rate_count IS NULL THEN l.refilled_at ELSE {NOW} END
+      FROM (SELECT u.lid, count(*) AS n
+              FROM picked p CROSS JOIN LATERAL unnest(p.ids) AS u(lid) GROUP BY u.lid) t
+      JOIN gate g ON g.id = t.lid
+     WHERE l.id = t.lid
 ),"""
 _CLAIM_UPDATE = f"""
 claimed AS (
@@ -198,15 +314,38 @@ claimed AS (
            attempts = j.attempts + 1,
            lease_owner = %(worker)s,
            lease_expires_at = {NOW} + %(lease)s * interval '1 second',
-           started_at = {NOW}
+           started_at = {NOW},
+           limit_ids = NULLIF(picked.ids, '{{}}')
       FROM picked
      WHERE j.id = picked.id
     RETURNING j.id, j.task, j.payload::text AS payload, j.tenant, j.queue, j.priority,
-              j.attempts, j.max_attempts, j.lease_expires_at, j.vtime
+              j.attempts, j.max_attempts, j.lease_expires_at, j.vtime, j.limit_ids
 )"""
 _CLAIMED_COLUMNS = (
-    "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, vtime"
+    "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, "
+    "vtime, limit_ids"
 )
+
+def _uncount(rows: str) -> str:
+    """CTEs that give back the limit rows the jobs of ``rows`` (a CTE of jobs leaving
+    'running', returning their ``limit_ids``) were counted in. The rows are locked in id
+    order first, waiting (a decrement is never skipped): the order every claim locks them
+    in, so exits and claims never deadlock. A batch without a limited job reads nothing."""
+    return f"""
+uncount_n AS MATERIALIZED (
+    SELECT u.lid, count(*) AS n
+      FROM {rows} r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid) GROUP BY u.lid
+),
+uncount_lock AS MATERIALIZED (
+    SELECT l.id FROM pgqueue_limit l
+     WHERE l.id IN (SELECT lid FROM uncount_n) ORDER BY l.id FOR UPDATE
+),
+uncounted AS (
+    UPDATE pgqueue_limit l SET running = GREATEST(l.running - u.n, 0)
+      FROM uncount_n u JOIN uncount_lock k ON k.id = u.lid
+     WHERE l.id = u.lid
+)"""
+
 
 # Completions, as CTEs that end in ``done`` (the ids recorded); see JOB_COMPLETE_MANY.
 _COMPLETE = f"""
@@ -221,7 +360,7 @@ done AS (
       FROM done_input i
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
-    RETURNING j.id, j.attempts, j.started_at
+    RETURNING j.id, j.attempts, j.started_at, j.limit_ids
 ),
 done_history AS (
     INSERT INTO pgqueue_job_attempt (job_id, attempt, worker, started_at, finished_at, outcome)
@@ -238,7 +377,7 @@ done_history AS (
 # Index: pgqueue_job_claim, one range scan, already in claim order.
 # Called by: store.claim, from the worker runtime when it has free slots and no success to
 #   record (alone), or after recording failures (in their transaction).
-JOB_CLAIM = f"WITH {_CLAIM_ONE_QUEUE}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
+JOB_CLAIM = f"WITH {_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
 
 # -- name: JOB_CLAIM_MANY_QUEUES
 # JOB_CLAIM for a worker of several queues: each queue offers its best %(limit)s jobs, and
@@ -248,7 +387,7 @@ JOB_CLAIM = f"WITH {_CLAIM_ONE_QUEUE}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} 
 # Index: pgqueue_job_claim, one range scan per queue.
 # Called by: store.claim with more than one queue, from the worker runtime.
 JOB_CLAIM_MANY_QUEUES = (
-    f"WITH {_CLAIM_MANY_QUEUES}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
+    f"WITH {_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
 )
 
 # -- name: JOB_COMPLETE_MANY
@@ -259,7 +398,7 @@ JOB_CLAIM_MANY_QUEUES = (
 # Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease.
 # Called by: store.complete_many, from the worker runtime when its batch also holds
 #   failures or no slot is free (with JOB_FAIL_MANY and JOB_CLAIM, in one transaction).
-JOB_COMPLETE_MANY = f"WITH {_COMPLETE}\nSELECT id FROM done"
+JOB_COMPLETE_MANY = f"WITH {_COMPLETE},{_uncount('done')}\nSELECT id FROM done"
 
 # A worker's steady state in one statement, one round trip and one commit: the two parts
 # touch disjoint rows (running ones are recorded, queued ones claimed). Returns the claimed
@@ -268,7 +407,7 @@ _COMPLETE_AND_CLAIM = """
 SELECT TRUE AS is_claim, {columns} FROM claimed
 UNION ALL
 SELECT FALSE, id, NULL::text, NULL::text, NULL::text, NULL::varchar, NULL::smallint, NULL::int,
-       NULL::int, NULL::timestamptz, NULL::float8
+       NULL::int, NULL::timestamptz, NULL::float8, NULL::bigint[]
   FROM done"""
 
 # -- name: JOB_COMPLETE_AND_CLAIM
@@ -280,7 +419,7 @@ SELECT FALSE, id, NULL::text, NULL::text, NULL::text, NULL::varchar, NULL::small
 # Indexes: pgqueue_job_pkey (the completions), pgqueue_job_claim (the claim, one range scan).
 # Called by: store.complete_and_claim, from the worker runtime in its steady state.
 JOB_COMPLETE_AND_CLAIM = (
-    f"WITH {_COMPLETE},{_CLAIM_ONE_QUEUE}{_CLAIM_UPDATE}"
+    f"WITH {_COMPLETE},{_CLAIM}{_CLAIM_UPDATE}"
     + _COMPLETE_AND_CLAIM.format(columns=_CLAIMED_COLUMNS)
 )
 
@@ -290,7 +429,7 @@ JOB_COMPLETE_AND_CLAIM = (
 # Indexes: pgqueue_job_pkey, pgqueue_job_claim (one range scan per queue).
 # Called by: store.complete_and_claim with more than one queue, from the worker runtime.
 JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
-    f"WITH {_COMPLETE},{_CLAIM_MANY_QUEUES}{_CLAIM_UPDATE}"
+    f"WITH {_COMPLETE},{_CLAIM}{_CLAIM_UPDATE}"
     + _COMPLETE_AND_CLAIM.format(columns=_CLAIMED_COLUMNS)
 )
 
@@ -324,8 +463,8 @@ failed AS (
       FROM input i
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
-    RETURNING j.id, j.attempts, j.started_at, j.status, j.run_at, i.error, i.tb
-),
+    RETURNING j.id, j.attempts, j.started_at, j.status, j.run_at, i.error, i.tb, j.limit_ids
+),{_uncount("failed")},
 history AS (
     INSERT INTO pgqueue_job_attempt
            (job_id, attempt, worker, started_at, finished_at, outcome, error, traceback)
@@ -360,16 +499,17 @@ RETURNING j.id
 # Index: pgqueue_job_pkey (PK lookups); the rows move from pgqueue_job_lease back to
 #   pgqueue_job_claim.
 # Called by: store.release_many, from the worker runtime when it stops.
-JOB_RELEASE_MANY = """
+JOB_RELEASE_MANY = f"""
 WITH released AS (
     UPDATE pgqueue_job j
        SET status = 'queued', attempts = j.attempts - 1, lease_owner = NULL,
-           lease_expires_at = NULL, started_at = NULL
+           lease_expires_at = NULL, started_at = NULL,
+           gated = {_gated("j.tenant", "j.queue")}
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
-    RETURNING j.id, j.queue
-)
+    RETURNING j.id, j.queue, j.limit_ids
+),{_uncount("released")}
 SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM released
 """
 
@@ -393,12 +533,12 @@ WITH given AS (
                          THEN {NOW} + %(delay)s::float8 * interval '1 second'
                          ELSE j.run_at END,
            attempts = j.attempts - 1, lease_owner = NULL, lease_expires_at = NULL,
-           started_at = NULL
+           started_at = NULL, gated = {_gated("j.tenant", "j.queue")}
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
-    RETURNING j.id, j.queue, j.status
-)
+    RETURNING j.id, j.queue, j.status, j.limit_ids
+),{_uncount("given")}
 SELECT id, CASE WHEN status = 'queued' THEN pg_notify(%(channel)s, queue) END IS NULL
   FROM given
 """
@@ -431,8 +571,9 @@ reaped AS (
            lease_expires_at = NULL
       FROM expired e
      WHERE j.id = e.id
-    RETURNING j.id, j.attempts, j.started_at, j.status, j.last_error, e.lease_owner
-),
+    RETURNING j.id, j.attempts, j.started_at, j.status, j.last_error, e.lease_owner,
+              j.limit_ids
+),{_uncount("reaped")},
 history AS (
     INSERT INTO pgqueue_job_attempt
            (job_id, attempt, worker, started_at, finished_at, outcome, error)
@@ -528,7 +669,8 @@ bump AS (
 ),
 promoted AS (
     UPDATE pgqueue_job j
-       SET status = 'queued', vtime = {job_vtime("b.start", "r.rank", "b.w")}
+       SET status = 'queued', vtime = {job_vtime("b.start", "r.rank", "b.w")},
+           gated = {_gated("j.tenant", "j.queue")}
       FROM ranked r JOIN bump b ON b.id = r.clock_id
      WHERE j.id = r.id
     RETURNING j.id, j.queue
@@ -916,4 +1058,133 @@ WITH doomed AS MATERIALIZED ({_PRUNABLE}
 )
 SELECT (SELECT count(*) FROM doomed),
        (SELECT count(*) FROM pgqueue_job_attempt a JOIN doomed d ON a.job_id = d.id)
+"""
+
+
+# -- Limits (pgqueue_limit; see pgqueue/limits.py) -------------------------------------------
+
+# -- name: LIMIT_SET
+# Create or change one scope's limits: only the fields flagged %(set_max)s / %(set_rate)s
+# / a non-NULL %(paused)s change. A new or changed rate starts with a full bucket (the
+# burst). Returns the row's id and whether it limits anything now.
+# Locks: the scope's row (upsert), until the caller's transaction ends; a claim holding it
+#   makes this wait the claim's few milliseconds.
+# Index: pgqueue_limit_scope (tenant, queue).
+# Called by: limits_store.set_limit, from limits.set_limits (Python, HTTP, admin).
+LIMIT_SET = f"""
+INSERT INTO pgqueue_limit AS l (queue, tenant, max_running, rate_count, rate_seconds, paused,
+                                tokens, refilled_at)
+VALUES (%(queue)s, %(tenant)s, %(max_running)s, %(rate_count)s, %(rate_seconds)s,
+        COALESCE(%(paused)s::boolean, FALSE),
+        GREATEST(1, ceil(COALESCE(%(rate_count)s, 0) / 10.0)), now())
+ON CONFLICT (tenant, queue) DO UPDATE
+   SET max_running = CASE WHEN %(set_max)s THEN EXCLUDED.max_running ELSE l.max_running END,
+       rate_count = CASE WHEN %(set_rate)s THEN EXCLUDED.rate_count ELSE l.rate_count END,
+       rate_seconds = CASE WHEN %(set_rate)s THEN EXCLUDED.rate_seconds
+                           ELSE l.rate_seconds END,
+       tokens = CASE WHEN %(set_rate)s THEN EXCLUDED.tokens ELSE l.tokens END,
+       refilled_at = CASE WHEN %(set_rate)s THEN now() ELSE l.refilled_at END,
+       paused = COALESCE(%(paused)s::boolean, l.paused),
+       updated_at = now()
+RETURNING l.id, {_limiting("l")}
+"""
+
+# -- name: JOB_GATE_SCOPE
+# Gate up to %(limit)s ungated queued jobs of a tenant (in one queue, or in all with an
+# empty %(queue)s) that a limit now applies to, so that the claim need not meet them (it
+# gates any it meets anyway, once each).
+# Locks: the chosen job rows, FOR UPDATE SKIP LOCKED (a job being claimed is left to the
+#   claim), until the caller's transaction ends.
+# Index: pgqueue_job_tenant_status (tenant, status).
+# Called by: limits_store.regate, from limits.set_limits.
+JOB_GATE_SCOPE = """
+WITH chosen AS MATERIALIZED (
+    SELECT id FROM pgqueue_job
+     WHERE tenant = %(tenant)s AND status = 'queued' AND NOT gated
+       AND (%(queue)s = '' OR queue = %(queue)s)
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE pgqueue_job j SET gated = TRUE FROM chosen c WHERE j.id = c.id RETURNING j.id
+"""
+
+# -- name: JOB_UNGATE_SCOPE
+# Return to the claim index up to %(limit)s gated jobs of a tenant (one queue, or all with
+# an empty %(queue)s) that no limit applies to any more. Those left (a later batch) are
+# still claimed: the claim takes the gated jobs of a row that limits nothing without a cap.
+# Locks: the chosen job rows, FOR UPDATE SKIP LOCKED, until the caller's transaction ends.
+# Index: pgqueue_job_tenant_status (tenant, status); pgqueue_limit_scope per job.
+# Called by: limits_store.regate, from limits.set_limits.
+JOB_UNGATE_SCOPE = f"""
+WITH chosen AS MATERIALIZED (
+    SELECT id FROM pgqueue_job j
+     WHERE j.tenant = %(tenant)s AND j.status = 'queued' AND j.gated
+       AND (%(queue)s = '' OR j.queue = %(queue)s)
+       AND NOT {_gated("j.tenant", "j.queue")}
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE pgqueue_job j SET gated = FALSE FROM chosen c WHERE j.id = c.id RETURNING j.id
+"""
+
+# -- name: QUEUE_NOTIFY_SERVED
+# Wake the workers of a queue (%(queue)s), or with an empty one of every queue a live
+# worker serves: a limit was raised or lifted, or a pause ended. Delivered on commit.
+# Locks: nothing. Index: none: pgqueue_worker holds a day of worker rows at most.
+# Called by: limits_store.notify, from limits.set_limits.
+QUEUE_NOTIFY_SERVED = """
+SELECT pg_notify(%(channel)s, q) IS NULL FROM (
+    SELECT DISTINCT jsonb_array_elements_text(queues) AS q
+      FROM pgqueue_worker WHERE stopped_at IS NULL AND %(queue)s = ''
+    UNION SELECT %(queue)s WHERE %(queue)s <> '') s
+"""
+
+# -- name: LIMIT_NEXT_TOKEN
+# Seconds until the next token of the rate-limited rows that apply to %(queues)s and are
+# otherwise free (not paused, under their cap); NULL when none. A worker whose claim came
+# up short sleeps no longer than this, so a rate-limited backlog starts when allowed, not
+# at the next poll. Locks: nothing. Index: none: a scan of pgqueue_limit (one row per
+# limited scope).
+# Called by: limits_store.next_token_in, from the worker runtime after a short claim.
+LIMIT_NEXT_TOKEN = f"""
+SELECT min(GREATEST(1 - {_TOKENS}, 0) * l.rate_seconds / l.rate_count)
+  FROM pgqueue_limit l
+ WHERE l.rate_count IS NOT NULL AND NOT l.paused
+   AND (l.queue = '' OR l.queue = ANY(%(queues)s::text[]))
+   AND (l.max_running IS NULL OR l.running < l.max_running)
+"""
+
+# -- name: LIMIT_LOCK_ALL
+# Lock every limit row, in id order (the claim's and the decrements' order), so that
+# LIMIT_RECOUNT, the next statement of the same transaction, counts with a snapshot taken
+# after every change to them has committed or is waiting on these locks.
+# Locks: every pgqueue_limit row until maintenance's transaction ends (claims skip them
+#   meanwhile; decrements wait).
+# Index: pgqueue_limit_pkey.
+# Called by: limits_store.recount, from maintenance every LIMITS_RECOUNT_SECONDS.
+LIMIT_LOCK_ALL = """
+SELECT id FROM pgqueue_limit ORDER BY id FOR UPDATE
+"""
+
+# -- name: LIMIT_RECOUNT
+# The safety net: set each limit row's ``running`` to the number of running jobs counted
+# in it, from this statement's fresh snapshot (READ COMMITTED), so a counter can never
+# drift forever. Returns the rows corrected with their old and new counts.
+# Locks: the rows (already held by LIMIT_LOCK_ALL).
+# Index: pgqueue_job_lease (the running jobs), pgqueue_limit_pkey.
+# Called by: limits_store.recount, right after LIMIT_LOCK_ALL.
+LIMIT_RECOUNT = """
+WITH counts AS (
+    SELECT u.lid, count(*) AS n
+      FROM pgqueue_job j CROSS JOIN LATERAL unnest(j.limit_ids) AS u(lid)
+     WHERE j.status = 'running'
+     GROUP BY u.lid
+),
+fixed AS (
+    SELECT l.id, l.running AS was, COALESCE(c.n, 0) AS now
+      FROM pgqueue_limit l LEFT JOIN counts c ON c.lid = l.id
+     WHERE l.running <> COALESCE(c.n, 0)
+)
+UPDATE pgqueue_limit l SET running = f.now FROM fixed f WHERE l.id = f.id
+RETURNING l.id, f.was, f.now
 """

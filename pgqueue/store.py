@@ -32,6 +32,8 @@ class ClaimedJob:
     max_attempts: int
     lease_expires_at: dt.datetime
     vtime: float
+    #: The pgqueue_limit rows it is counted in (None: none); its exit must decrement them.
+    limit_ids: list[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +113,7 @@ def job_id_for_key(cursor: Any, *, tenant: str, idempotency_key: str) -> int | N
 
 
 def _claimed(row: Sequence[Any]) -> ClaimedJob:
-    return ClaimedJob(
-        row[0], row[1], json.loads(row[2]), row[3], row[4], row[5], row[6], row[7], row[8], row[9]
-    )
+    return ClaimedJob(row[0], row[1], json.loads(row[2]), *row[3:11])
 
 
 def _lease(lease_seconds: float | None) -> float:

@@ -89,6 +89,7 @@ class WorkerLoop:
         self.in_flight: dict[int, JobContext] = {}
         self.pending: list[HandlerOutcome] = []  # taken from the queue, not yet recorded
         self.claimed_total = 0
+        self.limited: set[int] = set()  # ids of jobs in hand counted in limit rows
         self.tasks = served_names()
         self.recorder = OutcomeRecorder(
             self.id,
@@ -205,7 +206,10 @@ class WorkerLoop:
         # The steady state, nothing failed: one statement records the successes and claims
         # (one round trip, one commit). A failure is written by a statement of its own; then
         # the outcomes are written first and the claim follows, in one transaction.
-        fused = bool(want) and not failures
+        # A job counted in limit rows gives them back in JOB_COMPLETE_MANY (a fused
+        # statement cannot both lower and raise one counter): only such batches pay for it.
+        limited = any(o.ctx.id in self.limited for o in self.pending)
+        fused = bool(want) and not failures and not limited
         recorded: set[int] = set()
         claimed: list[store.ClaimedJob] = []
         atomic = contextlib.nullcontext() if fused else self.db.transaction()
@@ -234,6 +238,7 @@ class WorkerLoop:
             return had_outcomes
         # Committed: the outcomes are durable and the claims are ours.
         self.recorder.log(self.pending, recorded)
+        self.limited.difference_update(o.ctx.id for o in self.pending)
         self.pending = []
         self._dispatch(claimed)
         self._burst_idle = want > 0 and not claimed
@@ -348,6 +353,8 @@ class WorkerLoop:
                 self.recorder.unrunnable.append(job)  # given back below, uncounted
                 continue
             self.in_flight[job.id] = self.executor.start(job)
+            if job.limit_ids:
+                self.limited.add(job.id)
             self.claimed_total += 1
         if self.recorder.unrunnable:
             self.recorder.give_back(self.db)
