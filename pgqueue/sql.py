@@ -314,7 +314,9 @@ claimed AS (
            attempts = j.attempts + 1,
            lease_owner = %(worker)s,
            lease_expires_at = {NOW} + %(lease)s * interval '1 second',
-           started_at = {NOW},
+           -- The clock, not the statement's start: taken after the limit rows' locks, so
+           -- an attempt's [started_at, finished_at] lies within the time it was counted.
+           started_at = COALESCE(%(now)s::timestamptz, clock_timestamp()),
            limit_ids = NULLIF(picked.ids, '{{}}')
       FROM picked
      WHERE j.id = picked.id
@@ -325,6 +327,7 @@ _CLAIMED_COLUMNS = (
     "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, "
     "vtime, limit_ids"
 )
+
 
 def _uncount(rows: str) -> str:
     """CTEs that give back the limit rows the jobs of ``rows`` (a CTE of jobs leaving
@@ -386,9 +389,7 @@ JOB_CLAIM = f"WITH {_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claim
 #   locked, unclaimed, until the claim's transaction commits at once).
 # Index: pgqueue_job_claim, one range scan per queue.
 # Called by: store.claim with more than one queue, from the worker runtime.
-JOB_CLAIM_MANY_QUEUES = (
-    f"WITH {_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
-)
+JOB_CLAIM_MANY_QUEUES = f"WITH {_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
 
 # -- name: JOB_COMPLETE_MANY
 # Record successes for jobs this worker holds, one attempt row each, all stamped %(now)s.
@@ -418,9 +419,8 @@ SELECT FALSE, id, NULL::text, NULL::text, NULL::text, NULL::varchar, NULL::small
 #   statement's transaction commits at once.
 # Indexes: pgqueue_job_pkey (the completions), pgqueue_job_claim (the claim, one range scan).
 # Called by: store.complete_and_claim, from the worker runtime in its steady state.
-JOB_COMPLETE_AND_CLAIM = (
-    f"WITH {_COMPLETE},{_CLAIM}{_CLAIM_UPDATE}"
-    + _COMPLETE_AND_CLAIM.format(columns=_CLAIMED_COLUMNS)
+JOB_COMPLETE_AND_CLAIM = f"WITH {_COMPLETE},{_CLAIM}{_CLAIM_UPDATE}" + _COMPLETE_AND_CLAIM.format(
+    columns=_CLAIMED_COLUMNS
 )
 
 # -- name: JOB_COMPLETE_AND_CLAIM_MANY_QUEUES
@@ -1066,12 +1066,17 @@ SELECT (SELECT count(*) FROM doomed),
 # -- name: LIMIT_SET
 # Create or change one scope's limits: only the fields flagged %(set_max)s / %(set_rate)s
 # / a non-NULL %(paused)s change. A new or changed rate starts with a full bucket (the
-# burst). Returns the row's id and whether it limits anything now.
+# burst). Creates the tenant if new (as a weight does). Returns the row's id and whether
+# it limits anything now.
 # Locks: the scope's row (upsert), until the caller's transaction ends; a claim holding it
 #   makes this wait the claim's few milliseconds.
 # Index: pgqueue_limit_scope (tenant, queue).
 # Called by: limits_store.set_limit, from limits.set_limits (Python, HTTP, admin).
 LIMIT_SET = f"""
+WITH tenant_row AS (
+    INSERT INTO pgqueue_tenant (name, weight) SELECT %(tenant)s, 1.0 WHERE %(tenant)s <> ''
+    ON CONFLICT (name) DO NOTHING
+)
 INSERT INTO pgqueue_limit AS l (queue, tenant, max_running, rate_count, rate_seconds, paused,
                                 tokens, refilled_at)
 VALUES (%(queue)s, %(tenant)s, %(max_running)s, %(rate_count)s, %(rate_seconds)s,

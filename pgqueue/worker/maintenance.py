@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from .. import prune_store, store
+from .. import limits_store, prune_store, store
 from ..conf import pgqueue_settings
 from ..schedules import Fired, enqueue_due
 
@@ -53,6 +54,7 @@ def run_maintenance(conn: Any) -> MaintenanceResult:
         prune_dead_workers(cur)
         fold_task_stats(cur)
         enqueue_due_periodic(cur)
+        recount_limits(cur)
     prune_finished_jobs(conn)
     # Logged once committed: a pass that rolled back rescued and promoted nothing.
     for job_id, status in rescued.items():
@@ -63,6 +65,26 @@ def run_maintenance(conn: Any) -> MaintenanceResult:
 
 
 # Each duty runs on the cursor of run_maintenance's transaction, under its advisory lock.
+
+
+#: When this process last recounted the limit counters (time.monotonic()).
+_last_recount = float("-inf")
+
+
+def recount_limits(cur: Any, *, force: bool = False) -> list[tuple[int, int, int]]:
+    """Every LIMITS_RECOUNT_SECONDS: recount each limit row's ``running`` under its lock
+    with a fresh snapshot, so a counter can never drift for ever (the claim and every exit
+    from running keep it exact; a job lost some other way, a row deleted by hand, would
+    not). Logs each correction at WARNING: one means something bypassed pgqueue."""
+    global _last_recount
+    now = time.monotonic()
+    if not force and now - _last_recount < float(pgqueue_settings.LIMITS_RECOUNT_SECONDS):
+        return []
+    _last_recount = now
+    fixed = limits_store.recount(cur)
+    for row_id, was, count in fixed:
+        logger.warning("event=limit_recounted limit=%d was=%d now=%d", row_id, was, count)
+    return fixed
 
 
 def rescue_expired_leases(cur: Any) -> dict[int, str]:

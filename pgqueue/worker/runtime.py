@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from .. import store
+from .. import limits_store, store
 from ..conf import pgqueue_settings
 from ..registry import served_names
 from .connection import (
@@ -90,6 +90,7 @@ class WorkerLoop:
         self.pending: list[HandlerOutcome] = []  # taken from the queue, not yet recorded
         self.claimed_total = 0
         self.limited: set[int] = set()  # ids of jobs in hand counted in limit rows
+        self.token_wait: float | None = None  # seconds to a rate-limited scope's next token
         self.tasks = served_names()
         self.recorder = OutcomeRecorder(
             self.id,
@@ -178,6 +179,7 @@ class WorkerLoop:
                     continue  # the batch size capped the claim: more may be waiting now
                 timeout = min(
                     self.poll_every * (0.75 + 0.5 * random.random()),
+                    self.poll_every if self.token_wait is None else self.token_wait + 0.001,
                     max(0.0, next_heartbeat - time.monotonic()),
                     max(0.0, next_maintenance - time.monotonic())
                     if not self.stopping.is_set()
@@ -242,6 +244,9 @@ class WorkerLoop:
         self.pending = []
         self._dispatch(claimed)
         self._burst_idle = want > 0 and not claimed
+        if want > len(claimed):  # short: a rate limit may hold jobs back; wake for its token
+            with self.db.cursor() as cur:
+                self.token_wait = limits_store.next_token_in(cur, self.queues)
         return bool(want) and len(claimed) == want
 
     def _claim(
