@@ -1078,16 +1078,17 @@ WITH tenant_row AS (
     ON CONFLICT (name) DO NOTHING
 )
 INSERT INTO pgqueue_limit AS l (queue, tenant, max_running, rate_count, rate_seconds, paused,
-                                tokens, refilled_at)
+                                tokens, refilled_at, running)
 VALUES (%(queue)s, %(tenant)s, %(max_running)s, %(rate_count)s, %(rate_seconds)s,
         COALESCE(%(paused)s::boolean, FALSE),
-        GREATEST(1, ceil(COALESCE(%(rate_count)s, 0) / 10.0)), now())
+        GREATEST(1, ceil(COALESCE(%(rate_count)s, 0) / 10.0)), now(), 0)
 ON CONFLICT (tenant, queue) DO UPDATE
    SET max_running = CASE WHEN %(set_max)s THEN EXCLUDED.max_running ELSE l.max_running END,
        rate_count = CASE WHEN %(set_rate)s THEN EXCLUDED.rate_count ELSE l.rate_count END,
        rate_seconds = CASE WHEN %(set_rate)s THEN EXCLUDED.rate_seconds
                            ELSE l.rate_seconds END,
-       tokens = CASE WHEN %(set_rate)s THEN EXCLUDED.tokens ELSE l.tokens END,
+       tokens = CASE WHEN %(set_rate)s THEN GREATEST(1, ceil(COALESCE(EXCLUDED.rate_count, 0)
+                                                   / 10.0)) ELSE l.tokens END,
        refilled_at = CASE WHEN %(set_rate)s THEN now() ELSE l.refilled_at END,
        paused = COALESCE(%(paused)s::boolean, l.paused),
        updated_at = now()
