@@ -11,12 +11,12 @@ import pytest
 from django.db import connection
 
 import pgqueue
-from pgqueue import limits, store
+from pgqueue import limits, sql, store
 from pgqueue.limit_models import Limit
 from pgqueue.limit_reads import waiting_for
 from pgqueue.models import Job
 from pgqueue.worker.maintenance import recount_limits
-from tests.conftest import claim, complete, fail, job, timeline
+from tests.conftest import claim, complete, fail, job, run_threads, timeline
 
 pytestmark = pytest.mark.django_db
 
@@ -201,3 +201,46 @@ def test_bad_limits_are_refused_naming_the_field(field, value):
     with pytest.raises(pgqueue.InvalidJob) as info:
         limits.set_tenant_limits("t", **{field: value})
     assert info.value.field == field
+
+
+#: JOB_CLAIM with the limit rows' lock taken out: each claim checks the cap against its own
+#: snapshot of the counter.
+JOB_CLAIM_NO_LIMIT_LOCK = sql.JOB_CLAIM.replace(
+    "     ORDER BY l.id\n       FOR UPDATE SKIP LOCKED", "     ORDER BY l.id"
+)
+
+
+def race_claims(statement: str, rounds: int = 20, threads: int = 8) -> int:
+    """``threads`` claimers, started together, each claim up to 3 jobs of a tenant capped at
+    3 and hold them; returns the most of its jobs running after any round."""
+    limits.set_tenant_limits("capped", max_running=3)
+    worst = 0
+    for _ in range(rounds):
+        enqueue(threads * 3, "capped")
+
+        def one(i: int) -> int:
+            params = {
+                "queues": ["default"],
+                "limit": 3,
+                "worker": f"w{i}",
+                "lease": 30.0,
+                "now": None,
+            }
+            with connection.cursor() as cur:
+                cur.execute(statement, params)
+                return len(cur.fetchall())
+
+        run_threads(threads, one)
+        worst = max(worst, Job.objects.filter(tenant_id="capped", status="running").count())
+        Job.objects.filter(tenant_id="capped").delete()
+        Limit.objects.filter(tenant="capped").update(running=0)
+    return worst
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_claims_never_start_more_than_the_cap():
+    """Protection: the claim locks the limit row (FOR UPDATE SKIP LOCKED), which re-reads
+    its newest ``running`` before checking the cap. Without that lock (the variant below)
+    each claimer trusts its own snapshot and together they start more than the cap."""
+    assert race_claims(sql.JOB_CLAIM) == 3
+    assert race_claims(JOB_CLAIM_NO_LIMIT_LOCK) > 3
