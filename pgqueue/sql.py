@@ -74,6 +74,7 @@ def _enqueued(rows: str) -> str:
 
 
 # -- name: JOB_ENQUEUE
+# A job of a tenant a limit applies to is enqueued gated (out of the claim index; _gated).
 # Enqueue 1..1,000 runnable jobs of one task, tenant, queue and priority in one statement,
 # returning each new job's columns (_enqueued).
 # An idempotency key already taken (and committed) is seen before the clock is charged, so
@@ -244,7 +245,10 @@ budget AS MATERIALIZED (
       FROM claim_queues q LEFT JOIN gate g ON g.tenant = '' AND g.queue = q.name
 ),
 open_jobs AS MATERIALIZED (
-    SELECT j.id, j.priority, j.vtime, b.ord, b.qid, {_gated("j.tenant", "b.name")} AS stale
+    SELECT j.id, j.priority, j.vtime, b.ord, b.qid,
+           -- Once per claim (an InitPlan): no tenant limit anywhere, no probe per job.
+           (SELECT EXISTS (SELECT 1 FROM pgqueue_limit WHERE tenant <> ''))
+           AND {_gated("j.tenant", "b.name")} AS stale
       FROM budget b
      CROSS JOIN LATERAL (
            SELECT id, tenant, priority, vtime FROM pgqueue_job
@@ -314,9 +318,7 @@ claimed AS (
            attempts = j.attempts + 1,
            lease_owner = %(worker)s,
            lease_expires_at = {NOW} + %(lease)s * interval '1 second',
-           -- The clock, not the statement's start: taken after the limit rows' locks, so
-           -- an attempt's [started_at, finished_at] lies within the time it was counted.
-           started_at = COALESCE(%(now)s::timestamptz, clock_timestamp()),
+           started_at = {NOW},
            limit_ids = NULLIF(picked.ids, '{{}}')
       FROM picked
      WHERE j.id = picked.id
@@ -372,12 +374,17 @@ done_history AS (
 
 # -- name: JOB_CLAIM
 # Claim up to %(limit)s runnable jobs of one queue for one worker: a lease of %(lease)s
-# seconds from %(now)s, attempts + 1. Returns them with _CLAIMED_COLUMNS.
+# seconds from %(now)s, attempts + 1, within every limit that applies (see _CLAIM: the
+# ungated jobs and each limited tenant's gated ones, merged in claim order), each job
+# recording the limit rows it was counted in. Returns them with _CLAIMED_COLUMNS.
 # Locks: the chosen rows, FOR UPDATE SKIP LOCKED: rows another claimer holds are skipped,
 #   never waited on, so N workers take N different jobs and none is handed out twice.
-#   The transaction commits at once; nothing stays locked while the job runs (the lease
-#   takes over).
-# Index: pgqueue_job_claim, one range scan, already in claim order.
+#   The limit rows with room that apply (``gate``), in id order, SKIP LOCKED. Stale
+#   ungated jobs it meets are gated. The transaction commits at once; nothing stays
+#   locked while the job runs (the lease takes over).
+# Index: pgqueue_job_claim, one range scan, already in claim order; pgqueue_job_gated, one
+#   range scan per limited (queue, tenant) with room; pgqueue_limit_scope (a probe per
+#   candidate: nothing on an empty table).
 # Called by: store.claim, from the worker runtime when it has free slots and no success to
 #   record (alone), or after recording failures (in their transaction).
 JOB_CLAIM = f"WITH {_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
@@ -395,10 +402,14 @@ JOB_CLAIM_MANY_QUEUES = f"WITH {_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS
 # Record successes for jobs this worker holds, one attempt row each, all stamped %(now)s.
 # Fenced: a job whose lease was lost (reaped, or claimed again by anyone, this worker
 # included) does not match and is not returned.
-# Locks: the matched job rows, until the worker's transaction commits, at once.
-# Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease.
+# Gives back the limit rows the jobs were counted in (_uncount).
+# Locks: the matched job rows, then their limit rows in id order (waiting), until the
+#   worker's transaction commits, at once.
+# Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease;
+#   pgqueue_limit_pkey.
 # Called by: store.complete_many, from the worker runtime when its batch also holds
-#   failures or no slot is free (with JOB_FAIL_MANY and JOB_CLAIM, in one transaction).
+#   failures, a job counted in a limit row, or no slot is free (with JOB_FAIL_MANY and
+#   JOB_CLAIM, in one transaction).
 JOB_COMPLETE_MANY = f"WITH {_COMPLETE},{_uncount('done')}\nSELECT id FROM done"
 
 # A worker's steady state in one statement, one round trip and one commit: the two parts
@@ -415,10 +426,14 @@ SELECT FALSE, id, NULL::text, NULL::text, NULL::text, NULL::varchar, NULL::small
 # JOB_COMPLETE_MANY and JOB_CLAIM in one statement (see _COMPLETE_AND_CLAIM): record the
 # successes of the jobs that finished and claim as many new ones as that freed, all at
 # %(now)s.
-# Locks: the recorded rows (PK) and the claimed rows (FOR UPDATE SKIP LOCKED), until the
-#   statement's transaction commits at once.
-# Indexes: pgqueue_job_pkey (the completions), pgqueue_job_claim (the claim, one range scan).
-# Called by: store.complete_and_claim, from the worker runtime in its steady state.
+# The completions give back no limit rows (one statement cannot both lower and raise a
+# counter): the worker sends only batches without a limited job here.
+# Locks: the recorded rows (PK) and the claimed rows (FOR UPDATE SKIP LOCKED), and the
+#   limit rows as JOB_CLAIM, until the statement's transaction commits at once.
+# Indexes: pgqueue_job_pkey (the completions), pgqueue_job_claim and pgqueue_job_gated
+#   (the claim, as JOB_CLAIM).
+# Called by: store.complete_and_claim, from the worker runtime in its steady state (a batch
+#   of successes none of which counts in a limit row).
 JOB_COMPLETE_AND_CLAIM = f"WITH {_COMPLETE},{_CLAIM}{_CLAIM_UPDATE}" + _COMPLETE_AND_CLAIM.format(
     columns=_CLAIMED_COLUMNS
 )
@@ -434,6 +449,7 @@ JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
 )
 
 # -- name: JOB_FAIL_MANY
+# Gives back the jobs' limit rows (_uncount; locked in id order, waiting, after the jobs).
 # Record failures for jobs this worker holds. Out of attempts, or a permanent error, means
 # dead; otherwise back to scheduled with full-jitter exponential backoff from %(now)s,
 # outside the claim index until JOB_PROMOTE_DUE gives it a fresh vtime. Fenced like
@@ -492,6 +508,7 @@ RETURNING j.id
 """
 
 # -- name: JOB_RELEASE_MANY
+# Gives back the jobs' limit rows (_uncount) and gates a job again if a limit applies.
 # Give back jobs a stopping worker claimed but never started: queued again with their old
 # vtime (they keep their place) and the attempt not counted. Fenced like a completion.
 # Notifies their queues so another worker takes them at once.
@@ -514,6 +531,7 @@ SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM released
 """
 
 # -- name: JOB_GIVE_BACK_MANY
+# Gives back the jobs' limit rows (_uncount) and gates a job again if a limit applies.
 # Give back jobs a worker claimed and cannot run (it has no handler for their task): the
 # attempt is not counted, as in JOB_RELEASE_MANY, and the job waits %(delay)s seconds in
 # 'scheduled' (a fresh fair vtime when promoted, as after a backoff) so that the workers
@@ -544,6 +562,7 @@ SELECT id, CASE WHEN status = 'queued' THEN pg_notify(%(channel)s, queue) END IS
 """
 
 # -- name: JOB_REAP_EXPIRED
+# Gives back the reaped jobs' limit rows (_uncount): a crashed worker's slots come back.
 # Recover jobs whose lease ran out before %(now)s (their worker died or stalled). Each
 # expiry counts as an attempt: back to scheduled with backoff, or dead when none are left,
 # so a job that crashes every worker ends dead instead of looping.
@@ -682,6 +701,7 @@ _DUE_NOW = f"j.status = 'scheduled' AND j.run_at <= {NOW}"
 _DUE_NAMED = "j.status = 'scheduled' AND j.id = ANY(%(ids)s::bigint[])"
 
 # -- name: JOB_PROMOTE_DUE
+# A promoted job of a tenant a limit applies to is gated (_gated).
 # Make scheduled jobs due by %(now)s runnable, assigning fresh fair vtimes (a job back
 # from a backoff does not jump the line), at most %(limit)s of them, the oldest first among
 # the levels promoted. Notifies each queue.

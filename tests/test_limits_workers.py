@@ -37,8 +37,10 @@ def test_a_tenant_cap_of_3_is_never_exceeded_by_8_workers_of_16_threads(workers)
     """Protection: the claim checks ``running < max_running`` on the limit row it locks
     (FOR UPDATE, re-read at its newest version) and raises the counter in the same
     statement; every exit lowers it under the same lock. 128 handler threads race for a
-    tenant capped at 3; the attempt history (started_at is taken after the lock, finished_at
-    before the decrement) never shows more than 3 of its jobs at once.
+    tenant capped at 3; the attempt history never shows more than 3 of its jobs at once.
+    (started_at and finished_at are their transactions' start times: a completion that both
+    began and committed inside a claim statement's sub-millisecond window before its lock
+    would show as an overlap the counter never had; not seen in practice.)
     With the limit-row lock removed by hand this test still passed (real workers' claims
     met too rarely to overshoot in its run); tests/test_limits.py's
     test_racing_claims_never_start_more_than_the_cap is the one that fails without it."""
