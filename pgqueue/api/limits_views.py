@@ -11,7 +11,7 @@ from rest_framework.response import Response
 
 from .. import limits, reads
 from .auth import AllTenants, scope_of
-from .errors import ApiError
+from .errors import ApiError, bad_field
 from .params import _body, _typed, limit_fields
 from .serializers import QueueLimitsRequest, QueueSerializer, TenantSerializer
 from .views import ERRORS, PgQueueView
@@ -70,7 +70,7 @@ class QueueView(PgQueueView):
         _operator(request, self)
         data = _body(request, {"max_running", "rate_limit"})
         if not data:
-            raise ApiError(400, "invalid", "give max_running, rate_limit or both", ["max_running"])
+            raise bad_field("max_running", "give max_running, rate_limit or both")
         limits.set_queue_limits(name, **limit_fields(data))
         return Response(QueueSerializer(reads_queues([name])[0]).data)
 
@@ -88,7 +88,8 @@ class _Switch(PgQueueView):
     def post(self, request: Request, name: str) -> Response:
         _operator(request, self)
         if self.kind == "queue":
-            _body(request, set()) if request.data else None
+            if request.data:
+                _body(request, set())  # no body fields: a 400 naming any given
             (limits.pause_queue if self.pause else limits.resume_queue)(name)
             return Response(QueueSerializer(reads_queues([name])[0]).data)
         data = _body(request, {"queue"}) if request.data else {}
@@ -103,15 +104,21 @@ def _switch(kind: str, pause: bool) -> type[_Switch]:
         "workers stop starting its jobs at their next claim" if pause else "its jobs start again"
     )
     serializer = QueueSerializer if kind == "queue" else TenantSerializer
-    view = type(
-        f"{kind.capitalize()}{verb.capitalize()}View", (_Switch,), {"kind": kind, "pause": pause}
-    )
-    view.post = extend_schema(
+
+    def post(self: _Switch, request: Request, name: str) -> Response:
+        return _Switch.post(self, request, name)
+
+    post = extend_schema(
         summary=doc,
         operation_id=f"{kind}s_{verb}",
         request=None,
         responses={200: serializer, **ERRORS},
-    )(view.post)
+    )(post)
+    view = type(
+        f"{kind.capitalize()}{verb.capitalize()}View",
+        (_Switch,),
+        {"kind": kind, "pause": pause, "post": post},
+    )
     return view
 
 
