@@ -155,6 +155,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("PRUNE_BATCHES_PER_PASS", 1, True),
         ("UNKNOWN_TASK_DELAY_SECONDS", 0, False),
         ("MAX_TIMEOUT_SECONDS", 1, False),
+        ("LIMITS_RECOUNT_SECONDS", 0.01, False),
+        ("LIMITS_GATE_BATCH", 1, True),
     ]:
         problem = _number(name, getattr(s, name), minimum=minimum, integer=integer)
         if problem:

@@ -117,6 +117,13 @@ DEFAULTS: dict[str, Any] = {
     # A payload or result larger than this many bytes of JSON is shown in GET /jobs as
     # {"truncated": true, "bytes": N, "url": ...}; GET /jobs/<id> returns it whole.
     "API_FIELD_BYTES": 16 * 1024,
+    # Seconds between maintenance's recounts of the limit rows' running counters (a
+    # safety net: the claim and every exit from running keep them exact; a recount locks
+    # every limit row for a moment).
+    "LIMITS_RECOUNT_SECONDS": 60.0,
+    # Most queued jobs one limit change gates or ungates at once (the claim deals with any
+    # beyond, each once).
+    "LIMITS_GATE_BATCH": 10_000,
 }
 
 #: The statuses RETENTION applies to: those a job leaves only by an operator's retry.

@@ -65,7 +65,7 @@ FAIRNESS_MODES = ("jobs", "time")
 def level_head(queue: str, priority: str) -> str:
     """SQL for the current virtual time of one (queue, priority) level.
 
-    The lowest queued vtime there is read from the claim index (pgqueue_job_claim, an
+    The lowest queued (ungated) vtime there is read from the claim index (pgqueue_job_claim, an
     equality on queue and priority, then vtime order: one index tuple). When the level has
     nothing queued, everything assigned there has been claimed, so the current time is the
     largest clock of the level (pgqueue_fair_clock_level, a backward scan of one tuple).
@@ -74,6 +74,7 @@ def level_head(queue: str, priority: str) -> str:
     return f"""COALESCE(
         (SELECT hj.vtime FROM pgqueue_job hj
           WHERE hj.queue = {queue} AND hj.priority = {priority} AND hj.status = 'queued'
+            AND NOT hj.gated
           ORDER BY hj.vtime LIMIT 1),
         (SELECT max(hc.vtime) FROM pgqueue_fair_clock hc
           WHERE hc.queue = {queue} AND hc.priority = {priority}),

@@ -7,6 +7,7 @@ partial indexes and CHECK constraints those statements rely on.
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -146,6 +147,10 @@ class Job(models.Model):
     # Seconds an attempt may run from its claim (NULL: no limit); see pgqueue.timeouts.
     timeout_seconds = models.FloatField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)  # running: asked to stop
+    # Queued behind a tenant's limits (pgqueue.limits): out of the claim index.
+    gated = models.BooleanField(default=False, db_default=False)
+    # While running: the pgqueue_limit rows it is counted in (each exit decrements them).
+    limit_ids = ArrayField(models.BigIntegerField(), null=True, blank=True)
 
     class Meta:
         db_table = "pgqueue_job"
@@ -153,8 +158,14 @@ class Job(models.Model):
             # JOB_CLAIM: runnable jobs in claim order, and nothing else.
             models.Index(
                 fields=["queue", "-priority", "vtime", "id"],
-                condition=Q(status="queued"),
+                condition=Q(status="queued", gated=False),
                 name="pgqueue_job_claim",
+            ),
+            # JOB_CLAIM's gated part: each limited (queue, tenant)'s jobs in claim order.
+            models.Index(
+                fields=["queue", "tenant", "-priority", "vtime", "id"],
+                condition=Q(status="queued", gated=True),
+                name="pgqueue_job_gated",
             ),
             # JOB_PROMOTE_DUE: scheduled jobs by when they become runnable.
             models.Index(
@@ -400,4 +411,5 @@ class ApiKey(models.Model):
 
 
 # The periodic schedules' table lives in its own module; exported here with the others.
+from .limit_models import Limit  # noqa: E402, F401  (registered with the app)
 from .periodic_models import Missed, PeriodicSchedule  # noqa: E402, F401

@@ -240,6 +240,9 @@ def tenant_summaries(
     for qw in QueueWeight.objects.using(using).filter(tenant_id__in=wanted):
         overrides[qw.tenant_id][qw.queue] = qw.weight
     cap = count_cap()
+    from .limit_reads import tenant_limits
+
+    limits = tenant_limits(wanted, using=using)
     summaries = []
     for t in tenants:
         counts = {"done": bounded(t.n_done, cap), "dead": bounded(t.n_dead, cap)}
@@ -253,6 +256,7 @@ def tenant_summaries(
                 **counts,
                 "capped": capped(counts),
                 "created_at": t.created_at,
+                **limits[t.name],
             }
         )
     return summaries

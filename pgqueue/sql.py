@@ -40,6 +40,21 @@ _TENANT_ENSURE = """
 """
 
 
+def _limiting(row: str) -> str:
+    """SQL: the pgqueue_limit row ``row`` limits something (a cap, a rate or a pause)."""
+    return f"({row}.max_running IS NOT NULL OR {row}.rate_count IS NOT NULL OR {row}.paused)"
+
+
+def _gated(tenant: str, queue: str) -> str:
+    """SQL: a job of (``tenant``, ``queue``) is gated: a limit row of the tenant, or of the
+    tenant in that queue, limits something. Gated jobs wait outside the claim index (in
+    pgqueue_job_gated), so a capped tenant's backlog costs the claim nothing. One probe of
+    pgqueue_limit_scope (tenant, queue); next to nothing on an empty table."""
+    return f"""EXISTS (
+        SELECT 1 FROM pgqueue_limit gl
+         WHERE gl.tenant = {tenant} AND gl.queue IN ('', {queue}) AND {_limiting("gl")})"""
+
+
 def _enqueued(rows: str) -> str:
     """What the enqueue statements return of each new job (before a trailing column): what
     ``pgqueue.enqueue`` needs to return a complete Job without reading it back.
@@ -59,6 +74,7 @@ def _enqueued(rows: str) -> str:
 
 
 # -- name: JOB_ENQUEUE
+# A job of a tenant a limit applies to is enqueued gated (out of the claim index; _gated).
 # Enqueue 1..1,000 runnable jobs of one task, tenant, queue and priority in one statement,
 # returning each new job's columns (_enqueued).
 # An idempotency key already taken (and committed) is seen before the clock is charged, so
@@ -83,6 +99,7 @@ def _job_enqueue(by_time: bool) -> str:
 WITH tenant_row AS ({_TENANT_ENSURE}),
 {charge}weight AS (SELECT {tenant_weight("%(tenant)s", "%(queue)s")} AS w),
 head AS (SELECT {level_head("%(queue)s", "%(priority)s")} AS h),
+gate AS (SELECT {_gated("%(tenant)s", "%(queue)s")} AS g),
 clock AS (
     INSERT INTO pgqueue_fair_clock AS c (queue, tenant, priority, vtime)
     SELECT %(queue)s, %(tenant)s, %(priority)s, head.h + {units} / weight.w
@@ -97,11 +114,11 @@ clock AS (
 inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
-                             timeout_seconds{column})
+                             timeout_seconds, gated{column})
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'queued', %(priority)s,
            {job_vtime("clock.start", rank, "clock.w")},
-           0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8{value}
-      FROM clock, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
+           0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8, gate.g{value}
+      FROM clock, gate, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, run_at, created_at, vtime
@@ -194,37 +211,140 @@ UPDATE pgqueue_fair_clock
  WHERE queue = %(queue)s AND tenant = %(tenant)s AND priority = %(priority)s
 """
 
-# The claim's CTEs end in ``claimed`` (the rows now leased to %(worker)s); see JOB_CLAIM.
-# The CTE that locks is MATERIALIZED so that locking happens once, before the UPDATE.
-_CLAIM_ONE_QUEUE = """
-picked AS MATERIALIZED (
-    SELECT id FROM pgqueue_job
-     WHERE queue = (%(queues)s::text[])[1] AND status = 'queued'
-     ORDER BY priority DESC, vtime, id
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-),"""
-# With several queues, each queue offers its own best jobs and they are interleaved rank by
-# rank (priority first): vtimes of different queues are not comparable.
-_CLAIM_MANY_QUEUES = """
-candidates AS MATERIALIZED (
-    SELECT j.id, j.priority, j.vtime, q.ord
-      FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)
-      CROSS JOIN LATERAL (
-            SELECT id, priority, vtime FROM pgqueue_job
-             WHERE queue = q.name AND status = 'queued'
-             ORDER BY priority DESC, vtime, id
-             LIMIT %(limit)s
-               FOR UPDATE SKIP LOCKED
-      ) j
+#: A limit row ``l``'s tokens now: a token bucket of rate_count per rate_seconds holding at
+#: most max(1, ceil(rate_count / 10)) (the burst), ``tokens`` as of ``refilled_at``.
+_TOKENS = f"""LEAST(GREATEST(1, ceil(l.rate_count / 10.0)), l.tokens
+        + GREATEST(extract(epoch FROM {NOW} - COALESCE(l.refilled_at, {NOW})), 0)
+          * l.rate_count / l.rate_seconds)"""
+#: The starts a limit row ``l`` allows now, at most %(limit)s: 0 when paused.
+_FREE = f"""CASE WHEN l.paused THEN 0 ELSE GREATEST(LEAST(
+        COALESCE(l.max_running - l.running, %(limit)s),
+        CASE WHEN l.rate_count IS NULL THEN %(limit)s ELSE floor({_TOKENS})::int END,
+        %(limit)s), 0) END"""
+
+# The claim's CTEs end in ``picked`` (the jobs to lease, with the limit rows each counts
+# in) and ``counted`` (those rows' counters raised, their tokens spent); see JOB_CLAIM. One
+# shape for one queue or several: each queue offers its best jobs and they are interleaved
+# rank by rank (priority first), because vtimes of different queues are not comparable;
+# with one queue that is plain (priority DESC, vtime, id) order.
+# - ``groups``: the limited (queue, tenant) pairs that have gated jobs, each with the limit
+#   rows that apply to it (the tenant's, the tenant's in that queue). A tenant with no
+#   gated job in these queues costs one probe of pgqueue_job_gated.
+# - ``gate``: those rows and the queues' own limiting rows, locked in id order (the order
+#   of every decrement too, so claims and exits never deadlock), SKIP LOCKED (a row another
+#   claim holds is skipped this once: still exact, never waiting), and only those with
+#   room now. In READ COMMITTED a row changed since the snapshot is re-read at its newest
+#   version before the lock is granted, and ``free`` is evaluated on that version: the
+#   truth, not the snapshot (a count(*) of running jobs here would overshoot).
+# - ``budget``: per queue, the starts its own limits allow now (0 when paused, at its cap,
+#   out of tokens, or when another claim holds its row this instant).
+# - ``open_jobs``: the ungated scan, as before, LIMIT the queue's budget. A job of a tenant
+#   limited since it was queued (``stale``) is gated instead of run (it is locked already):
+#   each such job is seen once.
+# - ``gated_jobs``: each group whose rows all have room takes its next jobs from
+#   pgqueue_job_gated, LIMIT that room: a capped tenant is skipped without reading its
+#   backlog.
+# - ``fits``: a candidate stays if, in every limit row it counts in, its rank among the
+#   candidates is within that row's room (a tenant-wide row is shared by the queues).
+#   Keeping the best %(limit)s of those never exceeds any row's room.
+_CLAIM = f"""
+claim_queues AS MATERIALIZED (
+    SELECT name, ord FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)
 ),
-picked AS (
-    SELECT id FROM (
-        SELECT id, priority, ord,
+groups AS MATERIALIZED (
+    SELECT q.name AS queue, q.ord, l.tenant, array_agg(l.id ORDER BY l.id) AS ids
+      FROM claim_queues q
+      JOIN pgqueue_limit l ON l.tenant <> '' AND l.queue IN ('', q.name)
+     GROUP BY q.name, q.ord, l.tenant
+    HAVING EXISTS (SELECT 1 FROM pgqueue_job g
+                    WHERE g.queue = q.name AND g.tenant = l.tenant
+                      AND g.status = 'queued' AND g.gated)
+),
+gate AS MATERIALIZED (
+    SELECT l.id, l.queue, l.tenant, {_FREE} AS free, {_TOKENS} AS avail
+      FROM pgqueue_limit l
+     WHERE (l.id IN (SELECT unnest(ids) FROM groups)
+            OR (l.tenant = '' AND l.queue IN (SELECT name FROM claim_queues)
+                AND {_limiting("l")}))
+       AND {_FREE} > 0
+     ORDER BY l.id
+       FOR UPDATE SKIP LOCKED
+),
+budget AS MATERIALIZED (
+    SELECT q.name, q.ord, g.id AS qid,
+           CASE WHEN g.id IS NOT NULL THEN g.free
+                WHEN EXISTS (SELECT 1 FROM pgqueue_limit l
+                              WHERE l.tenant = '' AND l.queue = q.name AND {_limiting("l")})
+                THEN 0
+                ELSE %(limit)s END AS free
+      FROM claim_queues q LEFT JOIN gate g ON g.tenant = '' AND g.queue = q.name
+),
+open_jobs AS MATERIALIZED (
+    SELECT j.id, j.priority, j.vtime, b.ord, b.qid,
+           -- Once per claim (an InitPlan): no tenant limit anywhere, no probe per job.
+           (SELECT EXISTS (SELECT 1 FROM pgqueue_limit WHERE tenant <> ''))
+           AND {_gated("j.tenant", "b.name")} AS stale
+      FROM budget b
+     CROSS JOIN LATERAL (
+           SELECT id, tenant, priority, vtime FROM pgqueue_job
+            WHERE queue = b.name AND status = 'queued' AND NOT gated
+            ORDER BY priority DESC, vtime, id
+            LIMIT b.free
+              FOR UPDATE SKIP LOCKED
+     ) j
+),
+regated AS (
+    UPDATE pgqueue_job j SET gated = TRUE FROM open_jobs o WHERE j.id = o.id AND o.stale
+),
+gated_jobs AS MATERIALIZED (
+    SELECT j.id, j.priority, j.vtime, r.ord, array_remove(r.ids || r.qid, NULL) AS ids
+      FROM (SELECT gr.queue, gr.tenant, gr.ord, gr.ids, b.qid,
+                   LEAST(b.free, (SELECT min(g.free) FROM gate g WHERE g.id = ANY(gr.ids)))
+                       AS room
+              FROM groups gr JOIN budget b ON b.ord = gr.ord
+             WHERE (SELECT count(*) FROM gate g WHERE g.id = ANY(gr.ids))
+                   = cardinality(gr.ids)
+           ) r
+     CROSS JOIN LATERAL (
+           SELECT id, priority, vtime FROM pgqueue_job
+            WHERE queue = r.queue AND tenant = r.tenant AND status = 'queued' AND gated
+            ORDER BY priority DESC, vtime, id
+            LIMIT r.room
+              FOR UPDATE SKIP LOCKED
+     ) j
+),
+candidates AS MATERIALIZED (
+    SELECT id, priority, vtime, ord,
+           CASE WHEN qid IS NULL THEN '{{}}'::bigint[] ELSE ARRAY[qid] END AS ids
+      FROM open_jobs WHERE NOT stale
+    UNION ALL
+    SELECT id, priority, vtime, ord, ids FROM gated_jobs
+),
+ranks AS MATERIALIZED (
+    SELECT c.id, u.lid,
+           row_number() OVER (PARTITION BY u.lid ORDER BY c.priority DESC, c.vtime, c.id)
+               AS rank
+      FROM candidates c CROSS JOIN LATERAL unnest(c.ids) AS u(lid)
+),
+picked AS MATERIALIZED (
+    SELECT id, ids FROM (
+        SELECT id, ids, priority, ord,
                row_number() OVER (PARTITION BY ord ORDER BY priority DESC, vtime, id) AS rank
-          FROM candidates) c
+          FROM candidates c
+         WHERE NOT EXISTS (SELECT 1 FROM ranks r JOIN gate g ON g.id = r.lid
+                            WHERE r.id = c.id AND r.rank > g.free)) c
      ORDER BY priority DESC, rank, ord
      LIMIT %(limit)s
+),
+counted AS (
+    UPDATE pgqueue_limit l
+       SET running = l.running + t.n,
+           tokens = CASE WHEN l.rate_count IS NULL THEN l.tokens ELSE g.avail - t.n END,
+           refilled_at = CASE WHEN l.rate_count IS NULL THEN l.refilled_at ELSE {NOW} END
+      FROM (SELECT u.lid, count(*) AS n
+              FROM picked p CROSS JOIN LATERAL unnest(p.ids) AS u(lid) GROUP BY u.lid) t
+      JOIN gate g ON g.id = t.lid
+     WHERE l.id = t.lid
 ),"""
 _CLAIM_UPDATE = f"""
 claimed AS (
@@ -233,16 +353,40 @@ claimed AS (
            attempts = j.attempts + 1,
            lease_owner = %(worker)s,
            lease_expires_at = {NOW} + %(lease)s * interval '1 second',
-           started_at = {NOW}
+           started_at = {NOW},
+           limit_ids = NULLIF(picked.ids, '{{}}')
       FROM picked
      WHERE j.id = picked.id
     RETURNING j.id, j.task, j.payload::text AS payload, j.tenant, j.queue, j.priority,
-              j.attempts, j.max_attempts, j.lease_expires_at, j.vtime, j.timeout_seconds
+              j.attempts, j.max_attempts, j.lease_expires_at, j.vtime, j.timeout_seconds,
+              j.limit_ids
 )"""
 _CLAIMED_COLUMNS = (
-    "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, vtime,"
-    " timeout_seconds"
+    "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, "
+    "vtime, timeout_seconds, limit_ids"
 )
+
+
+def _uncount(rows: str) -> str:
+    """CTEs that give back the limit rows the jobs of ``rows`` (a CTE of jobs leaving
+    'running', returning their ``limit_ids``) were counted in. The rows are locked in id
+    order first, waiting (a decrement is never skipped): the order every claim locks them
+    in, so exits and claims never deadlock. A batch without a limited job reads nothing."""
+    return f"""
+uncount_n AS MATERIALIZED (
+    SELECT u.lid, count(*) AS n
+      FROM {rows} r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid) GROUP BY u.lid
+),
+uncount_lock AS MATERIALIZED (
+    SELECT l.id FROM pgqueue_limit l
+     WHERE l.id IN (SELECT lid FROM uncount_n) ORDER BY l.id FOR UPDATE
+),
+uncounted AS (
+    UPDATE pgqueue_limit l SET running = GREATEST(l.running - u.n, 0)
+      FROM uncount_n u JOIN uncount_lock k ON k.id = u.lid
+     WHERE l.id = u.lid
+)"""
+
 
 # Completions, as CTEs that end in ``done`` (the ids recorded); see JOB_COMPLETE_MANY.
 _COMPLETE = f"""
@@ -258,7 +402,7 @@ done AS (
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
        AND j.cancel_requested_at IS NULL  -- a cancel request committed first wins
-    RETURNING j.id, j.attempts, j.started_at
+    RETURNING j.id, j.attempts, j.started_at, j.limit_ids
 ),
 done_history AS (
     INSERT INTO pgqueue_job_attempt (job_id, attempt, worker, started_at, finished_at, outcome)
@@ -267,15 +411,20 @@ done_history AS (
 
 # -- name: JOB_CLAIM
 # Claim up to %(limit)s runnable jobs of one queue for one worker: a lease of %(lease)s
-# seconds from %(now)s, attempts + 1. Returns them with _CLAIMED_COLUMNS.
+# seconds from %(now)s, attempts + 1, within every limit that applies (see _CLAIM: the
+# ungated jobs and each limited tenant's gated ones, merged in claim order), each job
+# recording the limit rows it was counted in. Returns them with _CLAIMED_COLUMNS.
 # Locks: the chosen rows, FOR UPDATE SKIP LOCKED: rows another claimer holds are skipped,
 #   never waited on, so N workers take N different jobs and none is handed out twice.
-#   The transaction commits at once; nothing stays locked while the job runs (the lease
-#   takes over).
-# Index: pgqueue_job_claim, one range scan, already in claim order.
+#   The limit rows with room that apply (``gate``), in id order, SKIP LOCKED. Stale
+#   ungated jobs it meets are gated. The transaction commits at once; nothing stays
+#   locked while the job runs (the lease takes over).
+# Index: pgqueue_job_claim, one range scan, already in claim order; pgqueue_job_gated, one
+#   range scan per limited (queue, tenant) with room; pgqueue_limit_scope (a probe per
+#   candidate: nothing on an empty table).
 # Called by: store.claim, from the worker runtime when it has free slots and no success to
 #   record (alone), or after recording failures (in their transaction).
-JOB_CLAIM = f"WITH {_CLAIM_ONE_QUEUE}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
+JOB_CLAIM = f"WITH {_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
 
 # -- name: JOB_CLAIM_MANY_QUEUES
 # JOB_CLAIM for a worker of several queues: each queue offers its best %(limit)s jobs, and
@@ -284,9 +433,7 @@ JOB_CLAIM = f"WITH {_CLAIM_ONE_QUEUE}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} 
 #   locked, unclaimed, until the claim's transaction commits at once).
 # Index: pgqueue_job_claim, one range scan per queue.
 # Called by: store.claim with more than one queue, from the worker runtime.
-JOB_CLAIM_MANY_QUEUES = (
-    f"WITH {_CLAIM_MANY_QUEUES}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
-)
+JOB_CLAIM_MANY_QUEUES = f"WITH {_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
 
 # -- name: JOB_COMPLETE_MANY
 # Record successes for jobs this worker holds, one attempt row each, all stamped %(now)s.
@@ -294,11 +441,15 @@ JOB_CLAIM_MANY_QUEUES = (
 # included) does not match and is not returned; nor does one whose cancellation was
 # requested (JOB_CANCEL_REQUEST_MANY committed first): the worker then records it
 # cancelled (JOB_CANCEL_CONFIRM_MANY).
-# Locks: the matched job rows, until the worker's transaction commits, at once.
-# Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease.
+# Gives back the limit rows the jobs were counted in (_uncount).
+# Locks: the matched job rows, then their limit rows in id order (waiting), until the
+#   worker's transaction commits, at once.
+# Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease;
+#   pgqueue_limit_pkey.
 # Called by: store.complete_many, from the worker runtime when its batch also holds
-#   failures or no slot is free (with JOB_FAIL_MANY and JOB_CLAIM, in one transaction).
-JOB_COMPLETE_MANY = f"WITH {_COMPLETE}\nSELECT id FROM done"
+#   failures, a job counted in a limit row, or no slot is free (with JOB_FAIL_MANY and
+#   JOB_CLAIM, in one transaction).
+JOB_COMPLETE_MANY = f"WITH {_COMPLETE},{_uncount('done')}\nSELECT id FROM done"
 
 # A worker's steady state in one statement, one round trip and one commit: the two parts
 # touch disjoint rows (running ones are recorded, queued ones claimed). Returns the claimed
@@ -307,20 +458,23 @@ _COMPLETE_AND_CLAIM = """
 SELECT TRUE AS is_claim, {columns} FROM claimed
 UNION ALL
 SELECT FALSE, id, NULL::text, NULL::text, NULL::text, NULL::varchar, NULL::smallint, NULL::int,
-       NULL::int, NULL::timestamptz, NULL::float8, NULL::float8
+       NULL::int, NULL::timestamptz, NULL::float8, NULL::float8, NULL::bigint[]
   FROM done"""
 
 # -- name: JOB_COMPLETE_AND_CLAIM
 # JOB_COMPLETE_MANY and JOB_CLAIM in one statement (see _COMPLETE_AND_CLAIM): record the
 # successes of the jobs that finished and claim as many new ones as that freed, all at
 # %(now)s.
-# Locks: the recorded rows (PK) and the claimed rows (FOR UPDATE SKIP LOCKED), until the
-#   statement's transaction commits at once.
-# Indexes: pgqueue_job_pkey (the completions), pgqueue_job_claim (the claim, one range scan).
-# Called by: store.complete_and_claim, from the worker runtime in its steady state.
-JOB_COMPLETE_AND_CLAIM = (
-    f"WITH {_COMPLETE},{_CLAIM_ONE_QUEUE}{_CLAIM_UPDATE}"
-    + _COMPLETE_AND_CLAIM.format(columns=_CLAIMED_COLUMNS)
+# The completions give back no limit rows (one statement cannot both lower and raise a
+# counter): the worker sends only batches without a limited job here.
+# Locks: the recorded rows (PK) and the claimed rows (FOR UPDATE SKIP LOCKED), and the
+#   limit rows as JOB_CLAIM, until the statement's transaction commits at once.
+# Indexes: pgqueue_job_pkey (the completions), pgqueue_job_claim and pgqueue_job_gated
+#   (the claim, as JOB_CLAIM).
+# Called by: store.complete_and_claim, from the worker runtime in its steady state (a batch
+#   of successes none of which counts in a limit row).
+JOB_COMPLETE_AND_CLAIM = f"WITH {_COMPLETE},{_CLAIM}{_CLAIM_UPDATE}" + _COMPLETE_AND_CLAIM.format(
+    columns=_CLAIMED_COLUMNS
 )
 
 # -- name: JOB_COMPLETE_AND_CLAIM_MANY_QUEUES
@@ -329,11 +483,12 @@ JOB_COMPLETE_AND_CLAIM = (
 # Indexes: pgqueue_job_pkey, pgqueue_job_claim (one range scan per queue).
 # Called by: store.complete_and_claim with more than one queue, from the worker runtime.
 JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
-    f"WITH {_COMPLETE},{_CLAIM_MANY_QUEUES}{_CLAIM_UPDATE}"
+    f"WITH {_COMPLETE},{_CLAIM}{_CLAIM_UPDATE}"
     + _COMPLETE_AND_CLAIM.format(columns=_CLAIMED_COLUMNS)
 )
 
 # -- name: JOB_FAIL_MANY
+# Gives back the jobs' limit rows (_uncount; locked in id order, waiting, after the jobs).
 # Record failures for jobs this worker holds. Out of attempts, or a permanent error, means
 # dead; otherwise back to scheduled with full-jitter exponential backoff from %(now)s,
 # outside the claim index until JOB_PROMOTE_DUE gives it a fresh vtime. Fenced like
@@ -366,8 +521,8 @@ failed AS (
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
        AND j.cancel_requested_at IS NULL  -- a cancel request committed first wins
-    RETURNING j.id, j.attempts, j.started_at, j.status, j.run_at, i.error, i.tb
-),
+    RETURNING j.id, j.attempts, j.started_at, j.status, j.run_at, i.error, i.tb, j.limit_ids
+),{_uncount("failed")},
 history AS (
     INSERT INTO pgqueue_job_attempt
            (job_id, attempt, worker, started_at, finished_at, outcome, error, traceback)
@@ -397,6 +552,7 @@ RETURNING j.id, j.cancel_requested_at IS NOT NULL
 """
 
 # -- name: JOB_RELEASE_MANY
+# Gives back the jobs' limit rows (_uncount) and gates a job again if a limit applies.
 # Give back jobs a stopping worker claimed but never started: queued again with their old
 # vtime (they keep their place) and the attempt not counted. Fenced like a completion.
 # Notifies their queues so another worker takes them at once.
@@ -404,20 +560,22 @@ RETURNING j.id, j.cancel_requested_at IS NOT NULL
 # Index: pgqueue_job_pkey (PK lookups); the rows move from pgqueue_job_lease back to
 #   pgqueue_job_claim.
 # Called by: store.release_many, from the worker runtime when it stops.
-JOB_RELEASE_MANY = """
+JOB_RELEASE_MANY = f"""
 WITH released AS (
     UPDATE pgqueue_job j
        SET status = 'queued', attempts = j.attempts - 1, lease_owner = NULL,
-           lease_expires_at = NULL, started_at = NULL
+           lease_expires_at = NULL, started_at = NULL,
+           gated = {_gated("j.tenant", "j.queue")}
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
-    RETURNING j.id, j.queue
-)
+    RETURNING j.id, j.queue, j.limit_ids
+),{_uncount("released")}
 SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM released
 """
 
 # -- name: JOB_GIVE_BACK_MANY
+# Gives back the jobs' limit rows (_uncount) and gates a job again if a limit applies.
 # Give back jobs a worker claimed and cannot run (it has no handler for their task): the
 # attempt is not counted, as in JOB_RELEASE_MANY, and the job waits %(delay)s seconds in
 # 'scheduled' (a fresh fair vtime when promoted, as after a backoff) so that the workers
@@ -437,17 +595,18 @@ WITH given AS (
                          THEN {NOW} + %(delay)s::float8 * interval '1 second'
                          ELSE j.run_at END,
            attempts = j.attempts - 1, lease_owner = NULL, lease_expires_at = NULL,
-           started_at = NULL
+           started_at = NULL, gated = {_gated("j.tenant", "j.queue")}
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
-    RETURNING j.id, j.queue, j.status
-)
+    RETURNING j.id, j.queue, j.status, j.limit_ids
+),{_uncount("given")}
 SELECT id, CASE WHEN status = 'queued' THEN pg_notify(%(channel)s, queue) END IS NULL
   FROM given
 """
 
 # -- name: JOB_REAP_EXPIRED
+# Gives back the reaped jobs' limit rows (_uncount): a crashed worker's slots come back.
 # Recover jobs whose lease ran out before %(now)s (their worker died or stalled). Each
 # expiry counts as an attempt: back to scheduled with backoff, or dead when none are left,
 # so a job that crashes every worker ends dead instead of looping.
@@ -475,8 +634,9 @@ reaped AS (
            lease_expires_at = NULL
       FROM expired e
      WHERE j.id = e.id
-    RETURNING j.id, j.attempts, j.started_at, j.status, j.last_error, e.lease_owner
-),
+    RETURNING j.id, j.attempts, j.started_at, j.status, j.last_error, e.lease_owner,
+              j.limit_ids
+),{_uncount("reaped")},
 history AS (
     INSERT INTO pgqueue_job_attempt
            (job_id, attempt, worker, started_at, finished_at, outcome, error)
@@ -588,7 +748,8 @@ bump AS (
 ),
 promoted AS (
     UPDATE pgqueue_job j
-       SET status = 'queued', vtime = {job_vtime("b.start", "r.rank", "b.w")}{charged}
+       SET status = 'queued', vtime = {job_vtime("b.start", "r.rank", "b.w")}{charged},
+           gated = {_gated("j.tenant", "j.queue")}
       FROM ranked r JOIN bump b ON b.id = r.clock_id
      WHERE j.id = r.id
     RETURNING j.id, j.queue
@@ -603,6 +764,7 @@ _DUE_NOW = f"j.status = 'scheduled' AND j.run_at <= {NOW}"
 _DUE_NAMED = "j.status = 'scheduled' AND j.id = ANY(%(ids)s::bigint[])"
 
 # -- name: JOB_PROMOTE_DUE
+# A promoted job of a tenant a limit applies to is gated (_gated).
 # Make scheduled jobs due by %(now)s runnable, assigning fresh fair vtimes (a job back
 # from a backoff does not jump the line), at most %(limit)s of them, the oldest first among
 # the levels promoted. Notifies each queue.
@@ -727,6 +889,7 @@ SELECT id, pg_notify(%(channel)s, 'cancel:' || lease_owner) IS NULL FROM asked
 # like a completion (owner, attempt, running) and on the request itself: a job not
 # returned had been recorded (its completion committed before the request) or lost.
 # Whatever the handler returns afterwards is discarded (its completion no longer matches).
+# Gives back the jobs' limit rows (_uncount), as every exit from running does.
 # Locks: the matched job rows, until the worker's transaction commits, at once.
 # Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease.
 # Called by: stop_store.confirm_cancel_many, from the worker (worker/stops.py) when a
@@ -739,8 +902,8 @@ WITH stopped AS (
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
        AND j.cancel_requested_at IS NOT NULL
-    RETURNING j.id, j.attempts, j.started_at
-),
+    RETURNING j.id, j.attempts, j.started_at, j.limit_ids
+),{_uncount("stopped")},
 history AS (
     INSERT INTO pgqueue_job_attempt
            (job_id, attempt, worker, started_at, finished_at, outcome, error)
@@ -755,6 +918,7 @@ SELECT id FROM stopped
 # worker died, or was of a release that does not know cancel requests): 'cancelled', one
 # attempt row each with outcome 'cancelled'. Runs before JOB_REAP_EXPIRED, which would
 # otherwise schedule them for another attempt.
+# Gives back the jobs' limit rows (_uncount), as every exit from running does.
 # Locks: the rows, FOR UPDATE SKIP LOCKED (a row a late outcome holds is left for the next
 #   run), until maintenance's transaction ends.
 # Index: pgqueue_job_lease (running jobs by lease expiry; as many rows as run at once).
@@ -773,8 +937,8 @@ stopped AS (
        SET status = 'cancelled', finished_at = {NOW}, lease_expires_at = NULL
       FROM expired e
      WHERE j.id = e.id
-    RETURNING j.id, j.attempts, j.started_at, e.lease_owner
-),
+    RETURNING j.id, j.attempts, j.started_at, e.lease_owner, j.limit_ids
+),{_uncount("stopped")},
 history AS (
     INSERT INTO pgqueue_job_attempt
            (job_id, attempt, worker, started_at, finished_at, outcome, error)
@@ -793,6 +957,7 @@ SELECT id FROM stopped
 # backoff or dead when out of attempts, one 'failed' attempt row. The worker's late
 # outcome is fenced out (the job is no longer running). Jobs asked to stop are left to the
 # cancel path.
+# Gives back the jobs' limit rows (_uncount), as every exit from running does.
 # Locks: the rows, FOR UPDATE SKIP LOCKED, until maintenance's transaction ends.
 # Index: pgqueue_job_lease (a scan of the running jobs only: as many as run at once).
 # Called by: stop_store.reap_timed_out, from maintenance (one worker at a time).
@@ -818,8 +983,8 @@ failed AS (
            last_error = l.error, lease_expires_at = NULL
       FROM late l
      WHERE j.id = l.id
-    RETURNING j.id, j.attempts, j.started_at, j.status, l.error, l.lease_owner
-),
+    RETURNING j.id, j.attempts, j.started_at, j.status, l.error, l.lease_owner, j.limit_ids
+),{_uncount("failed")},
 history AS (
     INSERT INTO pgqueue_job_attempt
            (job_id, attempt, worker, started_at, finished_at, outcome, error)
@@ -1201,4 +1366,139 @@ WITH doomed AS MATERIALIZED ({_PRUNABLE}
 )
 SELECT (SELECT count(*) FROM doomed),
        (SELECT count(*) FROM pgqueue_job_attempt a JOIN doomed d ON a.job_id = d.id)
+"""
+
+
+# -- Limits (pgqueue_limit; see pgqueue/limits.py) -------------------------------------------
+
+# -- name: LIMIT_SET
+# Create or change one scope's limits: only the fields flagged %(set_max)s / %(set_rate)s
+# / a non-NULL %(paused)s change. A new or changed rate starts with a full bucket (the
+# burst). Creates the tenant if new (as a weight does). Returns the row's id and whether
+# it limits anything now.
+# Locks: the scope's row (upsert), until the caller's transaction ends; a claim holding it
+#   makes this wait the claim's few milliseconds.
+# Index: pgqueue_limit_scope (tenant, queue).
+# Called by: limits_store.set_limit, from limits.set_limits (Python, HTTP, admin).
+LIMIT_SET = f"""
+WITH tenant_row AS (
+    INSERT INTO pgqueue_tenant (name, weight) SELECT %(tenant)s, 1.0 WHERE %(tenant)s <> ''
+    ON CONFLICT (name) DO NOTHING
+)
+INSERT INTO pgqueue_limit AS l (queue, tenant, max_running, rate_count, rate_seconds, paused,
+                                tokens, refilled_at, running)
+VALUES (%(queue)s, %(tenant)s, %(max_running)s, %(rate_count)s, %(rate_seconds)s,
+        COALESCE(%(paused)s::boolean, FALSE),
+        GREATEST(1, ceil(COALESCE(%(rate_count)s, 0) / 10.0)), now(), 0)
+ON CONFLICT (tenant, queue) DO UPDATE
+   SET max_running = CASE WHEN %(set_max)s THEN EXCLUDED.max_running ELSE l.max_running END,
+       rate_count = CASE WHEN %(set_rate)s THEN EXCLUDED.rate_count ELSE l.rate_count END,
+       rate_seconds = CASE WHEN %(set_rate)s THEN EXCLUDED.rate_seconds
+                           ELSE l.rate_seconds END,
+       tokens = CASE WHEN %(set_rate)s THEN GREATEST(1, ceil(COALESCE(EXCLUDED.rate_count, 0)
+                                                   / 10.0)) ELSE l.tokens END,
+       refilled_at = CASE WHEN %(set_rate)s THEN now() ELSE l.refilled_at END,
+       paused = COALESCE(%(paused)s::boolean, l.paused),
+       updated_at = now()
+RETURNING l.id, {_limiting("l")}
+"""
+
+# -- name: JOB_GATE_SCOPE
+# Gate up to %(limit)s ungated queued jobs of a tenant (in one queue, or in all with an
+# empty %(queue)s) that a limit now applies to, so that the claim need not meet them (it
+# gates any it meets anyway, once each).
+# Locks: the chosen job rows, FOR UPDATE SKIP LOCKED (a job being claimed is left to the
+#   claim), until the caller's transaction ends.
+# Index: pgqueue_job_tenant_status (tenant, status).
+# Called by: limits_store.regate, from limits.set_limits.
+JOB_GATE_SCOPE = """
+WITH chosen AS MATERIALIZED (
+    SELECT id FROM pgqueue_job
+     WHERE tenant = %(tenant)s AND status = 'queued' AND NOT gated
+       AND (%(queue)s = '' OR queue = %(queue)s)
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE pgqueue_job j SET gated = TRUE FROM chosen c WHERE j.id = c.id RETURNING j.id
+"""
+
+# -- name: JOB_UNGATE_SCOPE
+# Return to the claim index up to %(limit)s gated jobs of a tenant (one queue, or all with
+# an empty %(queue)s) that no limit applies to any more. Those left (a later batch) are
+# still claimed: the claim takes the gated jobs of a row that limits nothing without a cap.
+# Locks: the chosen job rows, FOR UPDATE SKIP LOCKED, until the caller's transaction ends.
+# Index: pgqueue_job_tenant_status (tenant, status); pgqueue_limit_scope per job.
+# Called by: limits_store.regate, from limits.set_limits.
+JOB_UNGATE_SCOPE = f"""
+WITH chosen AS MATERIALIZED (
+    SELECT id FROM pgqueue_job j
+     WHERE j.tenant = %(tenant)s AND j.status = 'queued' AND j.gated
+       AND (%(queue)s = '' OR j.queue = %(queue)s)
+       AND NOT {_gated("j.tenant", "j.queue")}
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE pgqueue_job j SET gated = FALSE FROM chosen c WHERE j.id = c.id RETURNING j.id
+"""
+
+# -- name: QUEUE_NOTIFY_SERVED
+# Wake the workers of a queue (%(queue)s), or with an empty one of every queue a live
+# worker serves: a limit was raised or lifted, or a pause ended. Delivered on commit.
+# Locks: nothing. Index: none: pgqueue_worker holds a day of worker rows at most.
+# Called by: limits_store.notify, from limits.set_limits.
+QUEUE_NOTIFY_SERVED = """
+SELECT pg_notify(%(channel)s, q) IS NULL FROM (
+    SELECT DISTINCT jsonb_array_elements_text(queues) AS q
+      FROM pgqueue_worker WHERE stopped_at IS NULL AND %(queue)s = ''
+    UNION SELECT %(queue)s WHERE %(queue)s <> '') s
+"""
+
+# -- name: LIMIT_NEXT_TOKEN
+# Seconds until the next token of the rate-limited rows that apply to %(queues)s and are
+# otherwise free (not paused, under their cap); NULL when none. A worker whose claim came
+# up short sleeps no longer than this, so a rate-limited backlog starts when allowed, not
+# at the next poll. Locks: nothing. Index: none: a scan of pgqueue_limit (one row per
+# limited scope).
+# Called by: limits_store.next_token_in, from the worker runtime after a short claim.
+LIMIT_NEXT_TOKEN = f"""
+SELECT min(GREATEST(1 - {_TOKENS}, 0) * l.rate_seconds / l.rate_count)
+  FROM pgqueue_limit l
+ WHERE l.rate_count IS NOT NULL AND NOT l.paused
+   AND (l.queue = '' OR l.queue = ANY(%(queues)s::text[]))
+   AND (l.max_running IS NULL OR l.running < l.max_running)
+"""
+
+# -- name: LIMIT_LOCK_ALL
+# Lock every limit row, in id order (the claim's and the decrements' order), so that
+# LIMIT_RECOUNT, the next statement of the same transaction, counts with a snapshot taken
+# after every change to them has committed or is waiting on these locks.
+# Locks: every pgqueue_limit row until maintenance's transaction ends (claims skip them
+#   meanwhile; decrements wait).
+# Index: pgqueue_limit_pkey.
+# Called by: limits_store.recount, from maintenance every LIMITS_RECOUNT_SECONDS.
+LIMIT_LOCK_ALL = """
+SELECT id FROM pgqueue_limit ORDER BY id FOR UPDATE
+"""
+
+# -- name: LIMIT_RECOUNT
+# The safety net: set each limit row's ``running`` to the number of running jobs counted
+# in it, from this statement's fresh snapshot (READ COMMITTED), so a counter can never
+# drift forever. Returns the rows corrected with their old and new counts.
+# Locks: the rows (already held by LIMIT_LOCK_ALL).
+# Index: pgqueue_job_lease (the running jobs), pgqueue_limit_pkey.
+# Called by: limits_store.recount, right after LIMIT_LOCK_ALL.
+LIMIT_RECOUNT = """
+WITH counts AS (
+    SELECT u.lid, count(*) AS n
+      FROM pgqueue_job j CROSS JOIN LATERAL unnest(j.limit_ids) AS u(lid)
+     WHERE j.status = 'running'
+     GROUP BY u.lid
+),
+fixed AS (
+    SELECT l.id, l.running AS was, COALESCE(c.n, 0) AS now
+      FROM pgqueue_limit l LEFT JOIN counts c ON c.lid = l.id
+     WHERE l.running <> COALESCE(c.n, 0)
+)
+UPDATE pgqueue_limit l SET running = f.now FROM fixed f WHERE l.id = f.id
+RETURNING l.id, f.was, f.now
 """

@@ -33,6 +33,8 @@ class ClaimedJob:
     lease_expires_at: dt.datetime
     vtime: float
     timeout: float | None = None  # seconds from the claim (pgqueue.timeouts)
+    #: The pgqueue_limit rows it is counted in (None: none); its exit must decrement them.
+    limit_ids: list[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +120,7 @@ def job_id_for_key(cursor: Any, *, tenant: str, idempotency_key: str) -> int | N
 
 
 def _claimed(row: Sequence[Any]) -> ClaimedJob:
-    return ClaimedJob(row[0], row[1], json.loads(row[2]), *row[3:11])
+    return ClaimedJob(row[0], row[1], json.loads(row[2]), *row[3:12])
 
 
 def _lease(lease_seconds: float | None) -> float:

@@ -14,7 +14,7 @@ from django.http import Http404
 from django.urls import URLPattern, re_path
 from django.views.decorators.csrf import csrf_exempt
 
-from .api import docs, errors, views
+from .api import docs, errors, limits_views, views
 
 app_name = "pgqueue"
 
@@ -44,6 +44,28 @@ urlpatterns = [
     _path(r"jobs/(?P<job_id>[0-9]{1,18})/retry", views.JobRetryView.as_view(), "job-retry"),
     _path("tenants", views.TenantsView.as_view(), "tenants"),
     _path(r"tenants/(?P<name>[A-Za-z0-9_.\-]{1,64})", views.TenantView.as_view(), "tenant"),
+    _path(
+        r"tenants/(?P<name>[A-Za-z0-9_.\-]{1,64})/pause",
+        limits_views.TenantPauseView.as_view(),
+        "tenant-pause",
+    ),
+    _path(
+        r"tenants/(?P<name>[A-Za-z0-9_.\-]{1,64})/resume",
+        limits_views.TenantResumeView.as_view(),
+        "tenant-resume",
+    ),
+    _path("queues", limits_views.QueuesView.as_view(), "queues"),
+    _path(r"queues/(?P<name>[A-Za-z0-9_.\-]{1,64})", limits_views.QueueView.as_view(), "queue"),
+    _path(
+        r"queues/(?P<name>[A-Za-z0-9_.\-]{1,64})/pause",
+        limits_views.QueuePauseView.as_view(),
+        "queue-pause",
+    ),
+    _path(
+        r"queues/(?P<name>[A-Za-z0-9_.\-]{1,64})/resume",
+        limits_views.QueueResumeView.as_view(),
+        "queue-resume",
+    ),
     _path("stats", views.StatsView.as_view(), "stats"),
     _path("metrics", views.MetricsView.as_view(), "metrics"),
     _path("health", views.HealthView.as_view(), "health"),
@@ -56,7 +78,7 @@ urlpatterns = [
     re_path(r"^docs/assets/(?P<name>[A-Za-z0-9_.\-]+)$", _page(docs.asset), name="docs-asset"),
     # Last: anything else under pgqueue's own first path segments.
     re_path(
-        r"^(?:jobs|tenants|stats|metrics|health|schema|docs)(?:/.*)?$",
+        r"^(?:jobs|tenants|queues|stats|metrics|health|schema|docs)(?:/.*)?$",
         _page(errors.not_found),
         name="not-found",
     ),

@@ -27,7 +27,8 @@ def test_partial_indexes_hold_only_what_their_query_matches():
     with connection.cursor() as cur:
         cur.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'pgqueue_job'")
         defs = dict(cur.fetchall())
-    assert "WHERE ((status)::text = 'queued'::text)" in defs["pgqueue_job_claim"]
+    assert "WHERE ((NOT gated) AND ((status)::text = 'queued'::text))" in defs["pgqueue_job_claim"]
+    assert "WHERE (gated AND ((status)::text = 'queued'::text))" in defs["pgqueue_job_gated"]
     assert "(queue, priority DESC, vtime, id)" in defs["pgqueue_job_claim"]
     assert "'scheduled'" in defs["pgqueue_job_scheduled"]
     assert "'running'" in defs["pgqueue_job_lease"]

@@ -263,3 +263,10 @@ class SafeJSONParser(JSONParser):
             return super().parse(stream, media_type, parser_context)
         except RecursionError:
             raise ParseError("JSON parse error - the body is nested too deeply") from None
+
+
+def limit_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The limit fields a PUT body gives (``max_running``, ``rate_limit``), for
+    ``pgqueue.limits``; those it leaves out are kept as they are. The service validates
+    them (a 400 naming the field and why)."""
+    return {k: data[k] for k in ("max_running", "rate_limit") if k in data}

@@ -85,10 +85,30 @@ class AttemptSerializer(serializers.Serializer):
 
 class JobDetailSerializer(JobSerializer):
     history = AttemptSerializer(many=True, read_only=True, help_text="one entry per attempt")
+    waiting_for = serializers.SerializerMethodField(
+        help_text="why a queued or scheduled job waits: backoff, run_at, paused, tenant_cap, "
+        "queue_cap, rate_limit or turn; null otherwise"
+    )
+    position = serializers.SerializerMethodField(
+        help_text='with "turn": the jobs ahead of it, counted up to COUNT_CAP ("1000+")'
+    )
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "history"]
+        fields = [*JobSerializer.Meta.fields, "history", "waiting_for", "position"]
         read_only_fields = fields
+
+    def _waiting(self, job: Job) -> dict:
+        if not hasattr(job, "_waiting"):
+            from ..limit_reads import waiting_for
+
+            job._waiting = waiting_for(job)
+        return job._waiting
+
+    def get_waiting_for(self, job: Job) -> str | None:
+        return self._waiting(job)["waiting_for"]
+
+    def get_position(self, job: Job) -> str | None:
+        return self._waiting(job)["position"]
 
 
 class JobListItemSerializer(JobSerializer):
@@ -189,6 +209,31 @@ class TenantSerializer(serializers.Serializer):
         help_text="the counts that stopped at COUNT_CAP: a lower bound, shown as N+",
     )
     created_at = serializers.DateTimeField()
+    max_running = serializers.IntegerField(
+        allow_null=True, help_text="most of its jobs running at once, in every queue"
+    )
+    rate_limit = serializers.CharField(allow_null=True, help_text='starts allowed, "N/s|m|h"')
+    paused = serializers.BooleanField()
+    queue_limits = serializers.DictField(
+        child=serializers.DictField(), help_text="per-queue limits, on top of the tenant's"
+    )
+
+
+class QueueSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    max_running = serializers.IntegerField(allow_null=True)
+    rate_limit = serializers.CharField(allow_null=True)
+    paused = serializers.BooleanField()
+    running = serializers.IntegerField()
+
+
+class QueueLimitsRequest(serializers.Serializer):
+    max_running = serializers.IntegerField(
+        required=False, allow_null=True, help_text="1..100000, or null for no cap"
+    )
+    rate_limit = serializers.CharField(
+        required=False, allow_null=True, help_text='"N/s", "N/m" or "N/h", or null'
+    )
 
 
 class TenantListSerializer(serializers.Serializer):
@@ -202,9 +247,12 @@ class TenantListSerializer(serializers.Serializer):
     results = TenantSerializer(many=True)
 
 
-class WeightRequest(serializers.Serializer):
+class WeightRequest(QueueLimitsRequest):
     weight = serializers.FloatField(
-        min_value=MIN_WEIGHT, max_value=MAX_WEIGHT, help_text=f"{MIN_WEIGHT:g} to {MAX_WEIGHT:g}"
+        required=False,
+        min_value=MIN_WEIGHT,
+        max_value=MAX_WEIGHT,
+        help_text=f"{MIN_WEIGHT:g} to {MAX_WEIGHT:g}",
     )
     queue = serializers.CharField(required=False, help_text="override in this queue only")
 

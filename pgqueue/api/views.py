@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.http import HttpResponse
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 
 from .. import pages, reads, services
 from ..conf import pgqueue_settings
+from ..limits import set_tenant_limits
 from ..models import Job, Status
 from ..registry import TASK_NAME_RE
 from .auth import (
@@ -48,6 +49,7 @@ from .params import (
     _typed,
     _visible_job,
     _within_budget,
+    limit_fields,
 )
 from .serializers import (
     BatchRequest,
@@ -338,7 +340,7 @@ class TenantView(PgQueueView):
         return Response(TenantSerializer(found[0]).data)
 
     @extend_schema(
-        summary="Set a tenant's weight (in every queue, or in one); creates the tenant",
+        summary="Set a tenant's weight, cap or rate limit (in every queue, or in one)",
         operation_id="tenants_update",
         request=WeightRequest,
         responses={200: TenantSerializer, **ERRORS},
@@ -346,12 +348,15 @@ class TenantView(PgQueueView):
     def put(self, request: Request, name: str) -> Response:
         if not AllTenants().has_permission(request, self):
             raise ApiError(403, "forbidden", "only an all-tenants API key or staff can set weights")
-        data = _body(request, {"weight", "queue"})
-        if "weight" not in data:
-            raise bad_field("weight", "this field is required")
-        services.set_tenant_weight(
-            name, data["weight"], queue=_typed(data, "queue", str, "a string")
-        )
+        data = _body(request, {"weight", "queue", "max_running", "rate_limit"})
+        if not {"weight", "max_running", "rate_limit"} & set(data):
+            raise bad_field("weight", "give weight, max_running or rate_limit")
+        queue = _typed(data, "queue", str, "a string")
+        with transaction.atomic():
+            if "weight" in data:
+                services.set_tenant_weight(name, data["weight"], queue=queue)
+            if "max_running" in data or "rate_limit" in data:
+                set_tenant_limits(name, queue=queue, **limit_fields(data))
         return Response(TenantSerializer(reads.tenant_summaries([name])[0]).data)
 
 

@@ -10,6 +10,7 @@ from django.core.management.base import CommandParser
 
 from .. import pages, services
 from ..api.serializers import AttemptSerializer, JobSerializer
+from ..limit_reads import waiting_for
 from ..models import Job, JobAttempt, Status
 from ..registry import TASK_NAME_RE
 from . import output
@@ -128,6 +129,7 @@ class ShowCommand(OperatorCommand):
         document = {
             **job_document(job),
             "history": [attempt_document(a) for a in attempts],
+            **waiting_for(job, using=self.using),
             "history_total": total,
         }
         self.emit(options, document, lambda: _job_page(job, attempts, total))

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-from .. import fair_store, prune_store, stop_store, store
+from .. import fair_store, limits_store, prune_store, stop_store, store
 from ..conf import pgqueue_settings
 from ..fairness import by_time
 from ..schedules import Fired, enqueue_due
@@ -77,6 +78,7 @@ def run_maintenance(conn: Any) -> MaintenanceResult:
         if by_time():
             correct_fair_clocks(cur)
         enqueue_due_periodic(cur)
+        recount_limits(cur)
     prune_finished_jobs(conn)
     # Logged once committed: a pass that rolled back rescued and promoted nothing.
     for job_id, status in rescued.items():
@@ -100,6 +102,26 @@ def stop_abandoned_jobs(cur: Any) -> dict[int, str]:
     for job_id, status in stop_store.reap_timed_out(cur).items():
         stopped[job_id] = f"timed_out new_status={status}"
     return stopped
+
+
+#: When this process last recounted the limit counters (time.monotonic()).
+_last_recount = float("-inf")
+
+
+def recount_limits(cur: Any, *, force: bool = False) -> list[tuple[int, int, int]]:
+    """Every LIMITS_RECOUNT_SECONDS: recount each limit row's ``running`` under its lock
+    with a fresh snapshot, so a counter can never drift for ever (the claim and every exit
+    from running keep it exact; a job lost some other way, a row deleted by hand, would
+    not). Logs each correction at WARNING: one means something bypassed pgqueue."""
+    global _last_recount
+    now = time.monotonic()
+    if not force and now - _last_recount < float(pgqueue_settings.LIMITS_RECOUNT_SECONDS):
+        return []
+    _last_recount = now
+    fixed = limits_store.recount(cur)
+    for row_id, was, count in fixed:
+        logger.warning("event=limit_recounted limit=%d was=%d now=%d", row_id, was, count)
+    return fixed
 
 
 def rescue_expired_leases(cur: Any) -> dict[int, str]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from .. import store
+from .. import limits_store, store
 from ..conf import pgqueue_settings
 from ..registry import served_names
 from .connection import (
@@ -90,6 +90,8 @@ class WorkerLoop:
         self.in_flight: dict[int, JobContext] = {}
         self.pending: list[HandlerOutcome] = []  # taken from the queue, not yet recorded
         self.claimed_total = 0
+        self.limited: set[int] = set()  # ids of jobs in hand counted in limit rows
+        self.token_wait: float | None = None  # seconds to a rate-limited scope's next token
         self.tasks = served_names()
         self.recorder = OutcomeRecorder(
             self.id,
@@ -182,6 +184,7 @@ class WorkerLoop:
                 deadline = self.stops.next_deadline(self.in_flight.values()) or next_heartbeat
                 timeout = min(
                     self.poll_every * (0.75 + 0.5 * random.random()),
+                    self.poll_every if self.token_wait is None else self.token_wait + 0.001,
                     max(0.0, min(next_heartbeat, deadline) - time.monotonic()),
                     max(0.0, next_maintenance - time.monotonic())
                     if not self.stopping.is_set()
@@ -210,7 +213,10 @@ class WorkerLoop:
         # The steady state, nothing failed: one statement records the successes and claims
         # (one round trip, one commit). A failure is written by a statement of its own; then
         # the outcomes are written first and the claim follows, in one transaction.
-        fused = bool(want) and not failures
+        # A job counted in limit rows gives them back in JOB_COMPLETE_MANY (a fused
+        # statement cannot both lower and raise one counter): only such batches pay for it.
+        limited = any(o.ctx.id in self.limited for o in self.pending)
+        fused = bool(want) and not failures and not limited
         recorded: set[int] = set()
         claimed: list[store.ClaimedJob] = []
         atomic = contextlib.nullcontext() if fused else self.db.transaction()
@@ -241,9 +247,13 @@ class WorkerLoop:
             return had_outcomes
         # Committed: the outcomes are durable and the claims are ours.
         self.recorder.log(self.pending, recorded)
+        self.limited.difference_update(o.ctx.id for o in self.pending)
         self.pending = []
         self._dispatch(claimed)
         self._burst_idle = want > 0 and not claimed
+        if want > len(claimed):  # short: a rate limit may hold jobs back; wake for its token
+            with self.db.cursor() as cur:
+                self.token_wait = limits_store.next_token_in(cur, self.queues)
         return bool(want) and len(claimed) == want
 
     def _claim(
@@ -363,6 +373,8 @@ class WorkerLoop:
             if job.id in self.in_flight:  # its timed-out attempt's handler is still running
                 self.stops.lingering.append(self.in_flight[job.id])
             self.in_flight[job.id] = self.executor.start(job)
+            if job.limit_ids:
+                self.limited.add(job.id)
             self.claimed_total += 1
         if self.recorder.unrunnable:
             self.recorder.give_back(self.db)

@@ -1,0 +1,78 @@
+"""Runs the limit statements of ``pgqueue.sql`` (LIMIT_*, JOB_GATE_SCOPE, ...).
+
+As ``pgqueue.store``: each function takes an open DB-API cursor and does one round trip
+unless its docstring says otherwise; transactions are the caller's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from . import sql
+from .conf import pgqueue_settings
+
+#: Marks a limit field the caller leaves as it is.
+UNSET: Any = object()
+
+
+def set_limit(
+    cursor: Any,
+    *,
+    queue: str,
+    tenant: str,
+    max_running: int | None = UNSET,
+    rate: tuple[int, int] | None = UNSET,
+    paused: bool | None = None,
+) -> tuple[int, bool]:
+    """Upsert one scope's row (LIMIT_SET); ``(row id, limits anything now)``."""
+    cursor.execute(
+        sql.LIMIT_SET,
+        {
+            "queue": queue,
+            "tenant": tenant,
+            "set_max": max_running is not UNSET,
+            "max_running": None if max_running is UNSET else max_running,
+            "set_rate": rate is not UNSET,
+            "rate_count": None if rate is UNSET or rate is None else rate[0],
+            "rate_seconds": None if rate is UNSET or rate is None else rate[1],
+            "paused": paused,
+        },
+    )
+    row = cursor.fetchone()
+    return row[0], bool(row[1])
+
+
+def regate(cursor: Any, *, tenant: str, queue: str, gate: bool, limit: int) -> int:
+    """Gate (JOB_GATE_SCOPE) or ungate (JOB_UNGATE_SCOPE) up to ``limit`` queued jobs of a
+    tenant scope; returns how many changed."""
+    statement = sql.JOB_GATE_SCOPE if gate else sql.JOB_UNGATE_SCOPE
+    cursor.execute(statement, {"tenant": tenant, "queue": queue, "limit": limit})
+    return len(cursor.fetchall())
+
+
+def notify(cursor: Any, *, queue: str) -> None:
+    """Wake the workers of ``queue`` ('' : of every queue served) on commit."""
+    cursor.execute(
+        sql.QUEUE_NOTIFY_SERVED, {"queue": queue, "channel": pgqueue_settings.NOTIFY_CHANNEL}
+    )
+
+
+def next_token_in(
+    cursor: Any, queues: Sequence[str], *, now: dt.datetime | None = None
+) -> float | None:
+    """Seconds until a rate-limited scope of ``queues`` has its next token (None: none)."""
+    cursor.execute(sql.LIMIT_NEXT_TOKEN, {"queues": list(queues), "now": now})
+    row = cursor.fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def recount(cursor: Any) -> list[tuple[int, int, int]]:
+    """Recount every row's ``running`` under its lock: two round trips (LIMIT_LOCK_ALL,
+    then LIMIT_RECOUNT with a fresh snapshot), in the caller's transaction, which must be
+    READ COMMITTED. Returns ``(row id, was, now)`` of the rows corrected."""
+    cursor.execute(sql.LIMIT_LOCK_ALL)
+    cursor.fetchall()
+    cursor.execute(sql.LIMIT_RECOUNT)
+    return [(r[0], r[1], r[2]) for r in cursor.fetchall()]
