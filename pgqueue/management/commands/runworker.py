@@ -148,7 +148,8 @@ def _configure_logging(verbosity: int) -> None:
     handler.addFilter(JobContextFilter())
     handler.setFormatter(logging.Formatter(DEFAULT_FORMAT, datefmt="%Y-%m-%dT%H:%M:%S%z"))
     root.addHandler(handler)
-    # -v 0: warnings only (no line per job); -v 1 (default): one line per job; -v 2: debug.
+    # -v 0: warnings only (failures); -v 1 (default): a line per recorded batch; -v 2: debug
+    # (a line per job).
     # Other libraries stay at INFO with -v 2, so that only pgqueue's debug lines are added.
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     root.setLevel(max(level, logging.INFO) if verbosity else logging.WARNING)
