@@ -64,7 +64,7 @@ def enqueue(
     run_at: dt.datetime | None = None,
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
-    using: str = "default",
+    using: str | None = None,
 ) -> Enqueued:
     """Enqueue one job in the current transaction of ``using``; returns ``(job, created)``.
 
@@ -111,7 +111,7 @@ def enqueue_many(
     delay: float | dt.timedelta | None = None,
     run_at: dt.datetime | None = None,
     max_attempts: int | None = None,
-    using: str = "default",
+    using: str | None = None,
 ) -> list[int]:
     """Enqueue one job per payload, all or none, and return their ids in order.
 

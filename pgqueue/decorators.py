@@ -34,7 +34,7 @@ class Task(RegisteredTask):
         run_at: dt.datetime | None = None,
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
-        using: str = "default",
+        using: str | None = None,
     ) -> Enqueued:
         """Enqueue one job of this task: ``pgqueue.enqueue(this task, payload, ...)``,
         whose docstring describes each option. Returns ``(job, created)``."""
@@ -63,7 +63,7 @@ class Task(RegisteredTask):
         delay: float | dt.timedelta | None = None,
         run_at: dt.datetime | None = None,
         max_attempts: int | None = None,
-        using: str = "default",
+        using: str | None = None,
     ) -> list[int]:
         """Enqueue one job of this task per payload: ``pgqueue.enqueue_many(this task,
         payloads, ...)``. Returns the ids in order."""
