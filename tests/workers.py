@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 
 from pgqueue.models import JobAttempt
 from pgqueue.models import Worker as WorkerRow
