@@ -306,11 +306,11 @@ class TaskStat(models.Model):
 
 
 class StatMark(models.Model):
-    """How far maintenance has folded attempt rows into TaskStat (one row; TASK_STAT_FOLD)."""
+    """How far maintenance has folded attempt rows into TaskStat, and its next bound
+    (pending_*: ids up to pending_attempt_id, once every xid below pending_xid ended)."""
 
     id = models.SmallIntegerField(primary_key=True, default=1)
     last_attempt_id = models.BigIntegerField(default=0)
-    #: The next fold's bound: attempt ids up to it, once every xid below pending_xid ended.
     pending_attempt_id = models.BigIntegerField(null=True)
     pending_xid = models.BigIntegerField(null=True)
 

@@ -424,11 +424,8 @@ def prune_workers(cursor: Any) -> None:
 
 
 def attempt_head(cursor: Any) -> int:
-    """The largest attempt id committed so far (TASK_STAT_HEAD): the bound of a fold.
-
-    Read before the transaction writes anything: it draws the transaction's xid, which
-    must come after the read.
-    """
+    """The largest attempt id committed so far (TASK_STAT_HEAD), before any write of the
+    transaction: it draws the transaction's xid, which must come after the read."""
     cursor.execute(sql.TASK_STAT_HEAD)
     return int(cursor.fetchone()[0])
 
