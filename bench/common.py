@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -221,3 +222,16 @@ def standalone(run: Any, doc: str | None) -> None:
     print(f"machine: {machine()}")
     result = run(quick=args.quick, out_dir=ROOT / "bench" / "results")
     print(f"\n{result['method']}\n\n{result['report']}")
+
+
+def fold_everything(cur: Any, timeout: float = 60.0) -> None:
+    """Fold every attempt committed so far (polled: the fold waits for older transactions)."""
+    from pgqueue import store
+
+    head = store.attempt_head(cur)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        store.fold_task_stats(cur, head=head)
+        if scalar("SELECT COALESCE(max(last_attempt_id), 0) FROM pgqueue_stat_mark") >= head:
+            return
+        time.sleep(0.1)

@@ -18,7 +18,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from bench.common import ms, query, reset_tables, table
+from bench.common import fold_everything, ms, query, reset_tables, table
 from bench.harness import running_worker, wait_for
 from bench.noisy_neighbour import CONCURRENCY, PROCESSES, figures, flood_and_drain
 
@@ -59,7 +59,6 @@ def warm_up(flood_ms: int) -> None:
     from django.db import connection
 
     import pgqueue
-    from pgqueue import store
 
     pgqueue.enqueue_many(FLOOD_TASK, [{"ms": flood_ms}] * CONCURRENCY, tenant="warm")
     pgqueue.enqueue_many("bench.sleep5ms", [None] * 20, tenant="warm")
@@ -69,7 +68,7 @@ def warm_up(flood_ms: int) -> None:
         "the warm-up jobs",
     )
     with connection.cursor() as cur:
-        store.fold_task_stats(cur, settle=0)
+        fold_everything(cur)
         # Not RESTART IDENTITY: the fold's mark counts attempt ids.
         cur.execute("TRUNCATE pgqueue_job, pgqueue_job_attempt, pgqueue_fair_clock CASCADE")
 

@@ -69,7 +69,7 @@ def enqueue(
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
     timeout: float | dt.timedelta | None = None,
-    using: str = "default",
+    using: str | None = None,
 ) -> Enqueued:
     """Enqueue one job in the current transaction of ``using``; returns ``(job, created)``.
 
@@ -120,7 +120,7 @@ def enqueue_many(
     run_at: dt.datetime | None = None,
     max_attempts: int | None = None,
     timeout: float | dt.timedelta | None = None,
-    using: str = "default",
+    using: str | None = None,
 ) -> list[int]:
     """Enqueue one job per payload, all or none, and return their ids in order.
 

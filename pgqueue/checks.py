@@ -66,9 +66,9 @@ def check_database_engine(app_configs: Any = None, **kwargs: Any) -> list:
 
     Not a database check, so that it runs at plain ``manage.py check`` and ``runserver``
     (Django runs database checks only for ``migrate`` and ``check --database``). It looks at
-    the alias pgqueue uses, the default one.
+    the alias pgqueue uses, ``PGQUEUE["DATABASE"]``.
     """
-    problem = _not_postgresql(DEFAULT_DB_ALIAS)
+    problem = _not_postgresql(str(pgqueue_settings.DATABASE))
     if problem is None:
         return []
     return [
@@ -77,6 +77,45 @@ def check_database_engine(app_configs: Any = None, **kwargs: Any) -> list:
             hint="Point DATABASES at PostgreSQL 14 or newer "
             "(ENGINE 'django.db.backends.postgresql').",
             id="pgqueue.E001",
+        )
+    ]
+
+
+@register()
+def check_queue_database(app_configs: Any = None, **kwargs: Any) -> list:
+    """``PGQUEUE["DATABASE"]`` names a DATABASES alias, and pgqueue's models are routed to it.
+
+    pgqueue passes the alias itself wherever it queries, but ``migrate``, the admin and a
+    project's own ``Job.objects`` follow DATABASE_ROUTERS: without a router that sends
+    pgqueue's models there, migrate would create the tables on the wrong database and
+    the admin would read them from it.
+    """
+    alias = pgqueue_settings.DATABASE
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
+        return [
+            Error(
+                f"PGQUEUE['DATABASE'] is {alias!r}, which is not a key of DATABASES "
+                f"({', '.join(map(repr, settings.DATABASES))}).",
+                hint="Name the alias that holds pgqueue's tables (default: 'default').",
+                id="pgqueue.E030",
+            )
+        ]
+    from django.db import router
+
+    from .models import Job
+
+    routed = {router.db_for_read(Job), router.db_for_write(Job)}
+    if alias == DEFAULT_DB_ALIAS and routed == {DEFAULT_DB_ALIAS}:
+        return []
+    if routed == {alias} and router.allow_migrate_model(alias, Job):
+        return []
+    return [
+        Error(
+            f"PGQUEUE['DATABASE'] is {alias!r}, but DATABASE_ROUTERS send pgqueue's models "
+            f"to {' and '.join(sorted(map(repr, routed)))}.",
+            hint="Add 'pgqueue.router.QueueRouter' to DATABASE_ROUTERS (before routers "
+            "that route every model), so that migrate, the admin and the ORM agree.",
+            id="pgqueue.E031",
         )
     ]
 

@@ -15,6 +15,11 @@ from django.core.signals import setting_changed
 #: Every setting, its default and what it means. The README's configuration table is
 #: generated from the same words; keep them in step.
 DEFAULTS: dict[str, Any] = {
+    # The database alias (a DATABASES key) that holds the queue's tables: every read and
+    # write of pgqueue (services, API, admin, CLI, worker, maintenance, metrics) goes there.
+    # Another alias than "default" needs pgqueue.router.QueueRouter in DATABASE_ROUTERS
+    # (a system check says so), and enqueues are no longer in the app's transactions.
+    "DATABASE": "default",
     # Seconds a claimed job's lease lasts. A worker that neither finishes nor heartbeats
     # within it is presumed dead and the job is recovered (counting as an attempt).
     "LEASE_SECONDS": 30.0,
@@ -175,6 +180,15 @@ def _seconds(value: Any) -> float:
 
 
 pgqueue_settings = PgQueueSettings()
+
+
+def queue_db(using: str | None = None) -> str:
+    """The database alias to use: ``using`` if given, else ``PGQUEUE["DATABASE"]``.
+
+    Every ``using=None`` of pgqueue's functions means the queue's alias, read when called
+    (so that ``override_settings`` and a project's settings are both honoured).
+    """
+    return using or pgqueue_settings.DATABASE
 
 
 def _reload(*, setting: str, **kwargs: Any) -> None:

@@ -69,7 +69,7 @@ def window(now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
 # -- the sections: the read side's figures, with the strings the page prints ----------------
 
 
-def _queues(now: dt.datetime, using: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
+def _queues(now: dt.datetime, using: str | None) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """Jobs by status overall, and each queue's counts (every status, zeros included) with
     the age of its oldest runnable job, and ``unserved``: it has runnable jobs and no live
     worker takes from it, so they wait whatever the backlog of the others."""
@@ -100,7 +100,7 @@ def _queues(now: dt.datetime, using: str) -> tuple[dict[str, int], list[dict[str
 
 
 def _tenants(
-    since: dt.datetime, until: dt.datetime, using: str
+    since: dt.datetime, until: dt.datetime, using: str | None
 ) -> tuple[list[dict[str, Any]], int]:
     """The ``TOP_TENANTS`` tenants with the most queued + scheduled jobs, and the jobs done
     in the window (all tenants).
@@ -127,7 +127,7 @@ def _tenants(
     return tenants, done_total
 
 
-def _slowest(since: dt.datetime, until: dt.datetime, using: str) -> list[dict[str, Any]]:
+def _slowest(since: dt.datetime, until: dt.datetime, using: str | None) -> list[dict[str, Any]]:
     """The ``TOP_TASKS`` tasks with the longest mean run time over the window's done
     attempts, with their count and longest run."""
     return [
@@ -143,7 +143,7 @@ def _slowest(since: dt.datetime, until: dt.datetime, using: str) -> list[dict[st
     ]
 
 
-def _workers(now: dt.datetime, using: str) -> dict[str, Any]:
+def _workers(now: dt.datetime, using: str | None) -> dict[str, Any]:
     """Worker counts (alive, stale, stopped; see ``liveness.worker_state``) and the first
     ``WORKERS_SHOWN`` workers, the alive ones first."""
     overview = liveness.workers_overview(now, WORKERS_SHOWN, using=using)
@@ -162,7 +162,7 @@ def _workers(now: dt.datetime, using: str) -> dict[str, Any]:
     return {**overview, "rows": rows}
 
 
-def dashboard_data(now: dt.datetime | None = None, *, using: str = "default") -> dict[str, Any]:
+def dashboard_data(now: dt.datetime | None = None, *, using: str | None = None) -> dict[str, Any]:
     """Everything the page shows, as plain numbers (and a few display strings).
 
     ``now`` is injectable so tests can place attempts in chosen minutes; it defaults to the

@@ -35,7 +35,7 @@ class Task(RegisteredTask):
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
         timeout: float | dt.timedelta | None = None,
-        using: str = "default",
+        using: str | None = None,
     ) -> Enqueued:
         """Enqueue one job of this task: ``pgqueue.enqueue(this task, payload, ...)``,
         whose docstring describes each option. Returns ``(job, created)``."""
@@ -66,7 +66,7 @@ class Task(RegisteredTask):
         run_at: dt.datetime | None = None,
         max_attempts: int | None = None,
         timeout: float | dt.timedelta | None = None,
-        using: str = "default",
+        using: str | None = None,
     ) -> list[int]:
         """Enqueue one job of this task per payload: ``pgqueue.enqueue_many(this task,
         payloads, ...)``. Returns the ids in order."""

@@ -15,6 +15,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from .conf import queue_db
 from .exceptions import InvalidJob
 from .models import ApiKey, Tenant
 from .registry import TASK_NAME_RE, registered_tasks
@@ -97,13 +98,13 @@ def set_api_key_scope(
     tasks: list[str] | None = None,
     queues: list[str] | None = None,
     max_priority: int | None = None,
-    using: str = "default",
+    using: str | None = None,
 ) -> ApiKey:
     """Narrow or widen a key's scope; its tenant and secret stay as they are."""
     tasks, queues, max_priority = validate_scope(
         tasks=tasks, queues=queues, max_priority=max_priority
     )
-    row = ApiKey.objects.using(using).get(prefix=prefix)
+    row = ApiKey.objects.using(queue_db(using)).get(prefix=prefix)
     row.tasks, row.queues, row.max_priority = tasks, queues, max_priority
     row.save(update_fields=["tasks", "queues", "max_priority"])
     return row
@@ -116,7 +117,7 @@ def create_api_key(
     tasks: list[str] | None = None,
     queues: list[str] | None = None,
     max_priority: int | None = None,
-    using: str = "default",
+    using: str | None = None,
 ) -> tuple[ApiKey, str]:
     """Create an API key bound to ``tenant`` (created if new), or to all tenants when None,
     optionally narrowed to some tasks, queues and a highest priority.
@@ -130,10 +131,10 @@ def create_api_key(
     )
     prefix = secrets.token_hex(4)
     key = f"{API_KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
-    with transaction.atomic(using=using):
+    with transaction.atomic(using=queue_db(using)):
         if tenant is not None:
-            Tenant.objects.using(using).get_or_create(name=tenant)
-        row = ApiKey.objects.using(using).create(
+            Tenant.objects.using(queue_db(using)).get_or_create(name=tenant)
+        row = ApiKey.objects.using(queue_db(using)).create(
             prefix=prefix,
             key_hash=_hash_key(key),
             tenant_id=tenant,
@@ -145,25 +146,29 @@ def create_api_key(
     return row, key
 
 
-def revoke_api_key(prefix: str, *, using: str = "default") -> ApiKey:
+def revoke_api_key(prefix: str, *, using: str | None = None) -> ApiKey:
     """Revoke a key by its prefix; raises ApiKey.DoesNotExist for an unknown prefix."""
-    row = ApiKey.objects.using(using).get(prefix=prefix)
+    row = ApiKey.objects.using(queue_db(using)).get(prefix=prefix)
     if row.revoked_at is None:
         row.revoked_at = timezone.now()
         row.save(update_fields=["revoked_at"])
     return row
 
 
-def authenticate_api_key(key: str, *, using: str = "default") -> ApiKey | None:
+def authenticate_api_key(key: str, *, using: str | None = None) -> ApiKey | None:
     """The active key row for ``key``, or None. Constant-time comparison of the hash."""
     parts = key.split("_")
     if len(parts) < 3 or not key.startswith(API_KEY_PREFIX):
         return None
-    row = ApiKey.objects.using(using).filter(prefix=parts[1], revoked_at__isnull=True).first()
+    row = (
+        ApiKey.objects.using(queue_db(using))
+        .filter(prefix=parts[1], revoked_at__isnull=True)
+        .first()
+    )
     if row is None or not hmac.compare_digest(row.key_hash, _hash_key(key)):
         return None
     now = timezone.now()
     if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
-        ApiKey.objects.using(using).filter(pk=row.pk).update(last_used_at=now)
+        ApiKey.objects.using(queue_db(using)).filter(pk=row.pk).update(last_used_at=now)
         row.last_used_at = now
     return row

@@ -17,6 +17,7 @@ from typing import Any
 from django.db.models import Q
 from django.utils import timezone
 
+from .conf import queue_db
 from .limit_models import Limit
 from .models import Job, Status
 from .reads import count_cap
@@ -38,12 +39,12 @@ def describe(row: Limit | None) -> dict[str, Any]:
     return {"max_running": row.max_running, "rate_limit": row.rate_limit, "paused": row.paused}
 
 
-def tenant_limits(names: Iterable[str], *, using: str = "default") -> dict[str, dict[str, Any]]:
+def tenant_limits(names: Iterable[str], *, using: str | None = None) -> dict[str, dict[str, Any]]:
     """For each tenant named: its own limits and ``queue_limits`` ({queue: limits}), for the
     tenant's JSON (GET /tenants). Tenants without limits get the empty form."""
     names = list(names)
     found: dict[str, dict[str, Any]] = {n: {**describe(None), "queue_limits": {}} for n in names}
-    for row in Limit.objects.using(using).filter(tenant__in=names):
+    for row in Limit.objects.using(queue_db(using)).filter(tenant__in=names):
         if row.queue:
             found[row.tenant]["queue_limits"][row.queue] = {**describe(row), "running": row.running}
         else:
@@ -52,7 +53,7 @@ def tenant_limits(names: Iterable[str], *, using: str = "default") -> dict[str, 
 
 
 def queue_summaries(
-    names: Iterable[str] | None = None, *, using: str = "default"
+    names: Iterable[str] | None = None, *, using: str | None = None
 ) -> list[dict[str, Any]]:
     """Queues (those with jobs or limits, or those named) with their limits and their
     ``running`` jobs, by name: GET /queues. ``running`` is the queue's counter when it has
@@ -60,7 +61,7 @@ def queue_summaries(
     from .reads import job_counts
 
     counts = job_counts(using=using)
-    rows = {r.queue: r for r in Limit.objects.using(using).filter(tenant="")}
+    rows = {r.queue: r for r in Limit.objects.using(queue_db(using)).filter(tenant="")}
     wanted = sorted(set(counts) | set(rows)) if names is None else sorted(set(names))
     out = []
     for name in wanted:
@@ -71,7 +72,7 @@ def queue_summaries(
     return out
 
 
-def waiting_for(job: Job, *, using: str = "default") -> dict[str, Any]:
+def waiting_for(job: Job, *, using: str | None = None) -> dict[str, Any]:
     """Why a scheduled or queued job waits: ``{"waiting_for": reason, "position": ...}``.
 
     Reasons: "backoff" (scheduled after a failed attempt), "run_at" (scheduled for later),
@@ -84,7 +85,7 @@ def waiting_for(job: Job, *, using: str = "default") -> dict[str, Any]:
     if job.status != Status.QUEUED:
         return {"waiting_for": None, "position": None}
     rows = list(
-        Limit.objects.using(using).filter(
+        Limit.objects.using(queue_db(using)).filter(
             Q(tenant="", queue=job.queue) | Q(tenant=job.tenant_id, queue__in=["", job.queue])
         )
     )
@@ -106,7 +107,7 @@ def waiting_for(job: Job, *, using: str = "default") -> dict[str, Any]:
     return {"waiting_for": "turn", "position": _position(job, using)}
 
 
-def _position(job: Job, using: str) -> str:
+def _position(job: Job, using: str | None) -> str:
     """Jobs ahead of ``job`` in its line (the claim index's order), counted up to the cap."""
     cap = count_cap()
     ahead = (
@@ -114,7 +115,9 @@ def _position(job: Job, using: str) -> str:
         | Q(priority=job.priority, vtime__lt=job.vtime)
         | Q(priority=job.priority, vtime=job.vtime, id__lt=job.id)
     )
-    line = Job.objects.using(using).filter(queue=job.queue, status=Status.QUEUED, gated=job.gated)
+    line = Job.objects.using(queue_db(using)).filter(
+        queue=job.queue, status=Status.QUEUED, gated=job.gated
+    )
     if job.gated:
         line = line.filter(tenant_id=job.tenant_id)
     n = line.filter(ahead)[: cap + 1].count()

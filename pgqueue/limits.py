@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from . import limits_store
-from .conf import pgqueue_settings
+from .conf import pgqueue_settings, queue_db
 from .exceptions import InvalidJob
 from .limit_models import MAX_RUNNING_BOUND, RATE_COUNT_BOUND, RATE_PERIODS
 from .limits_store import UNSET
@@ -73,7 +73,7 @@ def set_limits(
     max_running: Any = UNSET,
     rate_limit: Any = UNSET,
     paused: bool | None = None,
-    using: str = "default",
+    using: str | None = None,
 ) -> None:
     """Set the limits of one scope; a field left UNSET (or ``paused`` None) is kept.
 
@@ -90,6 +90,7 @@ def set_limits(
         max_running = validate_max_running(max_running)
     rate = UNSET if rate_limit is UNSET else parse_rate(rate_limit)
     batch = int(pgqueue_settings.LIMITS_GATE_BATCH)
+    using = queue_db(using)
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         _, limiting = limits_store.set_limit(
             cursor,
@@ -110,7 +111,7 @@ def set_tenant_limits(
     queue: str | None = None,
     max_running: Any = UNSET,
     rate_limit: Any = UNSET,
-    using: str = "default",
+    using: str | None = None,
 ) -> None:
     """A tenant's cap and rate limit in every queue, or with ``queue`` in that queue (on
     top of the tenant's own). None removes one; UNSET keeps it."""
@@ -120,26 +121,26 @@ def set_tenant_limits(
 
 
 def set_queue_limits(
-    queue: str, *, max_running: Any = UNSET, rate_limit: Any = UNSET, using: str = "default"
+    queue: str, *, max_running: Any = UNSET, rate_limit: Any = UNSET, using: str | None = None
 ) -> None:
     """A queue's global cap and rate limit (every tenant's jobs there together)."""
     set_limits(queue=queue, max_running=max_running, rate_limit=rate_limit, using=using)
 
 
-def pause_queue(queue: str, *, using: str = "default") -> None:
+def pause_queue(queue: str, *, using: str | None = None) -> None:
     """No job of ``queue`` starts until ``resume_queue``; jobs keep arriving and wait,
     running ones finish."""
     set_limits(queue=queue, paused=True, using=using)
 
 
-def resume_queue(queue: str, *, using: str = "default") -> None:
+def resume_queue(queue: str, *, using: str | None = None) -> None:
     set_limits(queue=queue, paused=False, using=using)
 
 
-def pause_tenant(tenant: str, *, queue: str | None = None, using: str = "default") -> None:
+def pause_tenant(tenant: str, *, queue: str | None = None, using: str | None = None) -> None:
     """No job of ``tenant`` (in ``queue``, or anywhere) starts until ``resume_tenant``."""
     set_limits(tenant=tenant, queue=queue, paused=True, using=using)
 
 
-def resume_tenant(tenant: str, *, queue: str | None = None, using: str = "default") -> None:
+def resume_tenant(tenant: str, *, queue: str | None = None, using: str | None = None) -> None:
     set_limits(tenant=tenant, queue=queue, paused=False, using=using)

@@ -23,7 +23,7 @@ from django.db.models import (
 from django.utils import timezone
 
 from . import read_sql
-from .conf import pgqueue_settings
+from .conf import pgqueue_settings, queue_db
 from .models import (
     Worker,
 )
@@ -54,12 +54,12 @@ def _alive(now: dt.datetime) -> Q:
     return Q(stopped_at__isnull=True, last_seen_at__gte=alive_since(now))
 
 
-def workers_alive(now: dt.datetime | None = None, *, using: str = "default") -> int:
+def workers_alive(now: dt.datetime | None = None, *, using: str | None = None) -> int:
     """How many workers are alive (see ``worker_state``). Reads pgqueue_worker."""
-    return Worker.objects.using(using).filter(_alive(now or timezone.now())).count()
+    return Worker.objects.using(queue_db(using)).filter(_alive(now or timezone.now())).count()
 
 
-def workers_overview(now: dt.datetime, shown: int, *, using: str = "default") -> dict[str, Any]:
+def workers_overview(now: dt.datetime, shown: int, *, using: str | None = None) -> dict[str, Any]:
     """Worker counts (alive, stale, stopped, total), the first ``shown`` workers, the alive
     ones first, each with its ``state``, and the ``lease_seconds`` that "alive" means.
 
@@ -67,7 +67,7 @@ def workers_overview(now: dt.datetime, shown: int, *, using: str = "default") ->
     (a few rows per worker process).
     """
     alive_q = _alive(now)
-    table = Worker.objects.using(using)
+    table = Worker.objects.using(queue_db(using))
     counts = table.aggregate(
         alive=Count("id", filter=alive_q),
         stopped=Count("id", filter=Q(stopped_at__isnull=False)),
@@ -90,20 +90,20 @@ def workers_overview(now: dt.datetime, shown: int, *, using: str = "default") ->
     }
 
 
-def unserved_queues(now: dt.datetime | None = None, *, using: str = "default") -> list[str]:
+def unserved_queues(now: dt.datetime | None = None, *, using: str | None = None) -> list[str]:
     """The queues with runnable jobs that no live worker serves (none alive lists them in
     its ``queues``), by name: their jobs wait however long the backlog looks.
 
     QUEUE_UNSERVED: one index probe per queue with queued jobs, and pgqueue_worker.
     """
     params = {"alive_since": alive_since(now or timezone.now())}
-    with connections[using].cursor() as cursor:
+    with connections[queue_db(using)].cursor() as cursor:
         cursor.execute(read_sql.QUEUE_UNSERVED, params)
         return [queue for (queue,) in cursor.fetchall()]
 
 
 def unserved_tasks(
-    tasks: Iterable[str], now: dt.datetime | None = None, *, using: str = "default"
+    tasks: Iterable[str], now: dt.datetime | None = None, *, using: str | None = None
 ) -> set[str]:
     """Of ``tasks``, those no live worker has a handler for (none alive lists them in its
     ``tasks``): their jobs are given back by every worker that claims them, and wait.
@@ -114,6 +114,6 @@ def unserved_tasks(
     if not names:
         return set()
     params = {"tasks": names, "alive_since": alive_since(now or timezone.now())}
-    with connections[using].cursor() as cursor:
+    with connections[queue_db(using)].cursor() as cursor:
         cursor.execute(read_sql.TASK_UNSERVED, params)
         return {task for (task,) in cursor.fetchall()}

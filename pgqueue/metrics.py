@@ -30,6 +30,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from . import liveness, reads
+from .conf import queue_db
 from .models import RUN_TIME_BUCKETS, TaskStat
 
 TOP_TENANTS = 20
@@ -75,7 +76,7 @@ class PgQueueCollector(Collector):
         """Outcomes and run time by task, from the totals maintenance keeps (a few rows per
         task). Attempts appear here some seconds after they finish."""
         rows: dict[tuple[str, str], list[tuple[float, int, float]]] = defaultdict(list)
-        for task, outcome, le, count, seconds in TaskStat.objects.values_list(
+        for task, outcome, le, count, seconds in TaskStat.objects.using(queue_db()).values_list(
             "task", "outcome", "le", "count", "seconds"
         ):
             rows[(task, outcome)].append((le, count, seconds))

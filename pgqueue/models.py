@@ -321,10 +321,13 @@ class TaskStat(models.Model):
 
 
 class StatMark(models.Model):
-    """How far maintenance has folded attempt rows into TaskStat (one row)."""
+    """How far maintenance has folded attempt rows into TaskStat, and its next bound
+    (pending_*: ids up to pending_attempt_id, once every xid below pending_xid ended)."""
 
     id = models.SmallIntegerField(primary_key=True, default=1)
     last_attempt_id = models.BigIntegerField(default=0)
+    pending_attempt_id = models.BigIntegerField(null=True)
+    pending_xid = models.BigIntegerField(null=True)
 
     class Meta:
         db_table = "pgqueue_stat_mark"

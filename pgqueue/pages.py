@@ -26,6 +26,7 @@ from django.db.models import (
 from django.db.models.functions import Cast
 
 from . import read_sql
+from .conf import queue_db
 from .models import (
     Job,
     JobAttempt,
@@ -45,7 +46,7 @@ def job_list(
     created_after: dt.datetime | None = None,
     created_before: dt.datetime | None = None,
     limit: int = 50,
-    using: str = "default",
+    using: str | None = None,
 ) -> tuple[list[Job], bool]:
     """Up to ``limit`` jobs matching GET /jobs' filters, newest (highest id) first, and
     whether more match: ``manage.py pgqueue jobs``.
@@ -55,7 +56,7 @@ def job_list(
     primary key, filtered, stopped after ``limit + 1`` rows (when a filter matches few rows
     of a long history, it walks that history: the same plan as GET /jobs' page).
     """
-    jobs = Job.objects.using(using).all()
+    jobs = Job.objects.using(queue_db(using)).all()
     if status is not None:
         jobs = jobs.filter(status=status)
     if queue is not None:
@@ -72,14 +73,16 @@ def job_list(
     return rows[:limit], len(rows) > limit
 
 
-def job_history(job_id: int, limit: int, *, using: str = "default") -> tuple[int, list[JobAttempt]]:
+def job_history(
+    job_id: int, limit: int, *, using: str | None = None
+) -> tuple[int, list[JobAttempt]]:
     """How many attempts a job has recorded, and the last ``limit`` of them, oldest first:
     ``manage.py pgqueue show``.
 
     That job's rows of pgqueue_job_attempt through the index on its job_id: bounded by one
     job's attempts (max_attempts per run, times the retries an operator made).
     """
-    attempts = JobAttempt.objects.using(using).filter(job_id=job_id)
+    attempts = JobAttempt.objects.using(queue_db(using)).filter(job_id=job_id)
     last = list(attempts.order_by("-id")[:limit])
     return attempts.count(), last[::-1]
 
@@ -87,11 +90,11 @@ def job_history(job_id: int, limit: int, *, using: str = "default") -> tuple[int
 # -- periodic schedules --------------------------------------------------------------------
 
 
-def periodic_schedules(shown: int, *, using: str = "default") -> list[dict[str, Any]]:
+def periodic_schedules(shown: int, *, using: str | None = None) -> list[dict[str, Any]]:
     """The first ``shown`` periodic schedules by name, removed ones last, as the admin lists
     them. pgqueue_periodic holds one row per schedule a deploy declared (tens, not jobs)."""
     rows = (
-        PeriodicSchedule.objects.using(using)
+        PeriodicSchedule.objects.using(queue_db(using))
         .order_by(F("removed_at").asc(nulls_first=True), "name")
         .values(
             "name", "cron", "timezone", "task", "tenant", "queue", "enabled", "missed",

@@ -37,7 +37,7 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from . import read_sql
-from .conf import pgqueue_settings
+from .conf import pgqueue_settings, queue_db
 from .liveness import workers_alive
 from .models import (
     Job,
@@ -101,7 +101,7 @@ def count_cap() -> int:
 
 
 @contextmanager
-def _stopping_scans(using: str) -> Iterator[Any]:
+def _stopping_scans(using: str | None) -> Iterator[Any]:
     """A cursor whose plans stop where a LIMIT says (BOUNDED_COUNT_PLANS).
 
     A count "up to the cap" is bounded only if it reads an index in order and stops: a
@@ -112,12 +112,15 @@ def _stopping_scans(using: str) -> Iterator[Any]:
     """
     # No savepoint: a read inside the caller's transaction needs none, and the page's query
     # count stays that of its statements.
-    with transaction.atomic(using=using, savepoint=False), connections[using].cursor() as cursor:
+    with (
+        transaction.atomic(using=queue_db(using), savepoint=False),
+        connections[queue_db(using)].cursor() as cursor,
+    ):
         cursor.execute(read_sql.BOUNDED_COUNT_PLANS)
         yield cursor
 
 
-def job_counts(*, using: str = "default") -> dict[str, dict[str, int]]:
+def job_counts(*, using: str | None = None) -> dict[str, dict[str, int]]:
     """Jobs by queue and status, ``{queue: {status: n}}``: only the pairs that have jobs.
 
     One statement, JOB_COUNTS_BOUNDED: live statuses exact (the partial indexes, live rows
@@ -140,14 +143,14 @@ def capped(counts: dict[str, int]) -> list[str]:
     return sorted(k for k, n in counts.items() if isinstance(n, BoundedCount))
 
 
-def oldest_runnable(*, using: str = "default") -> dict[str, dt.datetime]:
+def oldest_runnable(*, using: str | None = None) -> dict[str, dt.datetime]:
     """When the oldest queued job of each queue became runnable (its ``run_at``).
 
     The queued rows only, which the partial index pgqueue_job_claim covers: bounded by the
     runnable backlog, not by the history.
     """
     rows = (
-        Job.objects.using(using)
+        Job.objects.using(queue_db(using))
         .filter(status=Status.QUEUED)
         .values("queue")
         .annotate(oldest=Min("run_at"))
@@ -157,9 +160,9 @@ def oldest_runnable(*, using: str = "default") -> dict[str, dt.datetime]:
     return dict(rows)
 
 
-def row_estimate(table: str, *, using: str = "default") -> int | None:
+def row_estimate(table: str, *, using: str | None = None) -> int | None:
     """The planner's estimate of a table's rows (TABLE_ROW_ESTIMATE): no scan at all."""
-    with connections[using].cursor() as cursor:
+    with connections[queue_db(using)].cursor() as cursor:
         cursor.execute(read_sql.TABLE_ROW_ESTIMATE, {"table": table})
         row = cursor.fetchone()
     return int(row[0]) if row else None
@@ -191,7 +194,7 @@ def tenant_done_share(tenants: QuerySet[Tenant], since: dt.datetime) -> QuerySet
 
     The window's attempts through pgqueue_attempt_finished, joined to their jobs by key.
     """
-    done = JobAttempt.objects.filter(finished_at__gte=since, outcome=Outcome.DONE)
+    done = JobAttempt.objects.using(queue_db()).filter(finished_at__gte=since, outcome=Outcome.DONE)
     per_tenant = (
         done.filter(job__tenant_id=OuterRef("name"))
         .order_by()
@@ -208,7 +211,7 @@ def tenant_page(
     *,
     offset: int = 0,
     limit: int = 50,
-    using: str = "default",
+    using: str | None = None,
 ) -> tuple[int, list[dict[str, Any]]]:
     """How many tenants there are (all, or those named), and the summaries of ``limit`` of
     them from ``offset``, by name: GET /tenants' page.
@@ -216,7 +219,7 @@ def tenant_page(
     The count reads pgqueue_tenant (a small table); the counts of jobs only the page's
     tenants' (tenant_summaries), so a page costs the same whatever the number of tenants.
     """
-    tenants = Tenant.objects.using(using)
+    tenants = Tenant.objects.using(queue_db(using))
     if names is not None:
         tenants = tenants.filter(name__in=list(names))
     page = tenants.order_by("name").values_list("name", flat=True)[offset : offset + limit]
@@ -224,20 +227,20 @@ def tenant_page(
 
 
 def tenant_summaries(
-    names: Iterable[str] | None = None, *, using: str = "default"
+    names: Iterable[str] | None = None, *, using: str | None = None
 ) -> list[dict[str, Any]]:
     """Weight, per-queue weights and job counts of tenants (all, or those named), by name.
 
     ``done`` and ``dead`` stop at COUNT_CAP (a BoundedCount past it, named in ``capped``).
     """
-    tenants = Tenant.objects.using(using).order_by("name")
+    tenants = Tenant.objects.using(queue_db(using)).order_by("name")
     if names is not None:
         tenants = tenants.filter(name__in=list(names))
     with _stopping_scans(using):
         tenants = list(tenant_counts(tenants))
     overrides: dict[str, dict[str, float]] = defaultdict(dict)
     wanted = [t.name for t in tenants]
-    for qw in QueueWeight.objects.using(using).filter(tenant_id__in=wanted):
+    for qw in QueueWeight.objects.using(queue_db(using)).filter(tenant_id__in=wanted):
         overrides[qw.tenant_id][qw.queue] = qw.weight
     cap = count_cap()
     from .limit_reads import tenant_limits
@@ -262,22 +265,22 @@ def tenant_summaries(
     return summaries
 
 
-def top_backlogs(limit: int, *, using: str = "default") -> list[tuple[str, int, int, int]]:
+def top_backlogs(limit: int, *, using: str | None = None) -> list[tuple[str, int, int, int]]:
     """The ``limit`` tenants with the largest backlog, largest first (TENANT_BACKLOG_TOP):
     ``(tenant, queued, scheduled, backlog)`` each."""
-    with connections[using].cursor() as cursor:
+    with connections[queue_db(using)].cursor() as cursor:
         cursor.execute(read_sql.TENANT_BACKLOG_TOP, {"limit": limit})
         return [tuple(row) for row in cursor.fetchall()]
 
 
 def top_backlogs_with_share(
-    since: dt.datetime, until: dt.datetime, limit: int, *, using: str = "default"
+    since: dt.datetime, until: dt.datetime, limit: int, *, using: str | None = None
 ) -> tuple[list[dict[str, Any]], int]:
     """The ``limit`` tenants with the largest backlog, with their weights and the jobs each
     had done in the window, and the jobs all tenants had done in it, in one statement
     (TENANT_BACKLOG_TOP_WITH_SHARE). The total is 0 when no tenant has a backlog."""
     params = {"limit": limit, "since": since, "until": until}
-    with connections[using].cursor() as cursor:
+    with connections[queue_db(using)].cursor() as cursor:
         cursor.execute(read_sql.TENANT_BACKLOG_TOP_WITH_SHARE, params)
         rows = cursor.fetchall()
     done_total = int(rows[0][8]) if rows else 0
@@ -300,14 +303,14 @@ def top_backlogs_with_share(
 # -- attempts ----------------------------------------------------------------------------
 
 
-def recent_attempts(since: dt.datetime, *, using: str = "default") -> dict[str, Any]:
+def recent_attempts(since: dt.datetime, *, using: str | None = None) -> dict[str, Any]:
     """Attempts finished since ``since``: ``done``, ``errors`` (failed + lease expired) and
     ``run``, the mean run time of the done ones (a timedelta, or None).
 
     The window's rows of pgqueue_job_attempt through pgqueue_attempt_finished.
     """
     return (
-        JobAttempt.objects.using(using)
+        JobAttempt.objects.using(queue_db(using))
         .filter(finished_at__gte=since)
         .aggregate(
             done=Count("id", filter=Q(outcome=Outcome.DONE)),
@@ -317,7 +320,9 @@ def recent_attempts(since: dt.datetime, *, using: str = "default") -> dict[str, 
     )
 
 
-def throughput_buckets(since: dt.datetime, minutes: int, *, using: str = "default") -> list[Bucket]:
+def throughput_buckets(
+    since: dt.datetime, minutes: int, *, using: str | None = None
+) -> list[Bucket]:
     """Done and failed (failed + lease_expired) attempts per minute for the ``minutes``
     minutes from ``since``, zeros included, oldest first.
 
@@ -326,7 +331,7 @@ def throughput_buckets(since: dt.datetime, minutes: int, *, using: str = "defaul
     """
     until = since + dt.timedelta(minutes=minutes)
     rows = (
-        JobAttempt.objects.using(using)
+        JobAttempt.objects.using(queue_db(using))
         .filter(finished_at__gte=since, finished_at__lt=until)
         .annotate(minute=TruncMinute("finished_at", tzinfo=dt.UTC))
         .values("minute")
@@ -347,7 +352,7 @@ def throughput_buckets(since: dt.datetime, minutes: int, *, using: str = "defaul
 
 
 def slowest_tasks(
-    since: dt.datetime, until: dt.datetime, limit: int, *, using: str = "default"
+    since: dt.datetime, until: dt.datetime, limit: int, *, using: str | None = None
 ) -> list[tuple[str, int, float, float]]:
     """The ``limit`` task names with the longest mean run time (finished_at - started_at)
     over the window's done attempts: ``(task, count, mean_seconds, max_seconds)`` each.
@@ -357,7 +362,7 @@ def slowest_tasks(
     """
     run = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
     rows = (
-        JobAttempt.objects.using(using)
+        JobAttempt.objects.using(queue_db(using))
         .filter(
             outcome=Outcome.DONE,
             finished_at__gte=since,
@@ -377,7 +382,7 @@ def slowest_tasks(
 # -- /stats ------------------------------------------------------------------------------
 
 
-def stats(*, using: str = "default") -> dict[str, Any]:
+def stats(*, using: str | None = None) -> dict[str, Any]:
     """Counts by queue and status, and the last minute's throughput, errors and run time.
 
     The finished counts stop at COUNT_CAP: ``capped`` names, per queue, the statuses whose

@@ -50,7 +50,7 @@ from django.conf import settings
 from django.db import connections, transaction
 
 from . import schedule_store, store, timeouts
-from .conf import pgqueue_settings
+from .conf import pgqueue_settings, queue_db
 from .exceptions import PgQueueError
 from .registry import RegisteredTask
 
@@ -299,7 +299,7 @@ class SyncResult:
     removed: list[str]
 
 
-def sync_schedules(*, using: str = "default", now: dt.datetime | None = None) -> SyncResult:
+def sync_schedules(*, using: str | None = None, now: dt.datetime | None = None) -> SyncResult:
     """Make ``pgqueue_periodic`` match the declared schedules (``runworker`` start-up).
 
     New schedules start at their first tick after ``now``; a schedule whose cron or time
@@ -309,7 +309,7 @@ def sync_schedules(*, using: str = "default", now: dt.datetime | None = None) ->
     """
     now = now or dt.datetime.now(dt.UTC)
     rows = [resolve(s, now) for s in declared_schedules()]
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+    with transaction.atomic(using=queue_db(using)), connections[queue_db(using)].cursor() as cursor:
         removed = schedule_store.periodic_sync(cursor, specs_json=json.dumps(rows))
     if removed:
         logger.info("event=periodic_removed schedules=%s", ",".join(removed))
@@ -317,7 +317,7 @@ def sync_schedules(*, using: str = "default", now: dt.datetime | None = None) ->
 
 
 def set_periodic_enabled(
-    name: str, enabled: bool, *, using: str = "default", now: dt.datetime | None = None
+    name: str, enabled: bool, *, using: str | None = None, now: dt.datetime | None = None
 ) -> bool:
     """Turn a schedule on or off (the admin's toggle); returns whether it changed.
 
@@ -325,7 +325,7 @@ def set_periodic_enabled(
     it was off were not missed, they were not wanted. Raises ScheduleNotFound.
     """
     now = now or dt.datetime.now(dt.UTC)
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+    with transaction.atomic(using=queue_db(using)), connections[queue_db(using)].cursor() as cursor:
         row = schedule_store.periodic_lock(cursor, name=name)
         if row is None:
             raise ScheduleNotFound(f"no periodic schedule is named {name!r}")

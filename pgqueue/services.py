@@ -20,7 +20,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from . import stop_store, store
-from .conf import pgqueue_settings
+from .conf import pgqueue_settings, queue_db
 from .exceptions import InvalidJob, InvalidTransition, JobNotFound, PayloadTooLarge
 from .models import MAX_WEIGHT, MIN_WEIGHT, Job, Status
 from .registry import RegisteredTask, get_task
@@ -229,7 +229,7 @@ def enqueue(
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
     timeout: float | dt.timedelta | None = None,
-    using: str = "default",
+    using: str | None = None,
 ) -> Enqueued:
     """Enqueue one job in the current transaction of ``using``.
 
@@ -250,12 +250,12 @@ def enqueue(
     )
     payloads_json = f"[{encode_payload(payload)}]"
     if opts.idempotency_key is None:
-        with connections[using].cursor() as cursor:
+        with connections[queue_db(using)].cursor() as cursor:
             (new,), _ = _insert(cursor, opts, payloads_json, 1)
         return Enqueued(_job(new, opts, payload, using), True)
 
     # A savepoint makes the refund below exact: the clock row stays locked until it ends.
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+    with transaction.atomic(using=queue_db(using)), connections[queue_db(using)].cursor() as cursor:
         inserted, charged = _insert(cursor, opts, payloads_json, 1)
         if inserted:
             return Enqueued(_job(inserted[0], opts, payload, using), True)
@@ -268,7 +268,7 @@ def enqueue(
                 priority=opts.priority,
                 count=1,
             )
-    existing = Job.objects.using(using).get(
+    existing = Job.objects.using(queue_db(using)).get(
         tenant_id=opts.tenant, idempotency_key=opts.idempotency_key
     )
     return Enqueued(existing, False)
@@ -285,7 +285,7 @@ def enqueue_many(
     delay: float | dt.timedelta | None = None,
     max_attempts: int | None = None,
     timeout: float | dt.timedelta | None = None,
-    using: str = "default",
+    using: str | None = None,
 ) -> list[int]:
     """Enqueue one job per payload, in order, and return their ids.
 
@@ -308,7 +308,7 @@ def enqueue_many(
     if not encoded:
         return []
     ids: list[int] = []
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+    with transaction.atomic(using=queue_db(using)), connections[queue_db(using)].cursor() as cursor:
         for start in range(0, len(encoded), MAX_BATCH):
             chunk = encoded[start : start + MAX_BATCH]
             inserted, _ = _insert(cursor, opts, f"[{','.join(chunk)}]", len(chunk))
@@ -334,7 +334,7 @@ def _insert(
     )
 
 
-def _job(new: store.NewJob, opts: JobOptions, payload: Any, using: str) -> Job:
+def _job(new: store.NewJob, opts: JobOptions, payload: Any, using: str | None) -> Job:
     """The new job as a model instance, complete without reading it back: what the caller
     gave, and what the enqueue statement returned (id, run_at, created_at, vtime)."""
     job = Job(
@@ -354,19 +354,21 @@ def _job(new: store.NewJob, opts: JobOptions, payload: Any, using: str) -> Job:
         timeout_seconds=opts.timeout,
     )
     job._state.adding = False
-    job._state.db = using
+    job._state.db = queue_db(using)
     return job
 
 
 # -- operator actions ---------------------------------------------------------------------
 
 
-def _bulk(ids: Sequence[int], using: str, action: str, allowed: str, change: Any) -> BulkResult:
+def _bulk(
+    ids: Sequence[int], using: str | None, action: str, allowed: str, change: Any
+) -> BulkResult:
     ids = list(dict.fromkeys(int(i) for i in ids))
     result = BulkResult()
     if not ids:
         return result
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+    with transaction.atomic(using=queue_db(using)), connections[queue_db(using)].cursor() as cursor:
         result.changed = sorted(change(cursor, ids))
         rest = [i for i in ids if i not in set(result.changed)]
         if rest:
@@ -381,7 +383,7 @@ def _bulk(ids: Sequence[int], using: str, action: str, allowed: str, change: Any
     return result
 
 
-def cancel_jobs(ids: Sequence[int], *, using: str = "default") -> BulkResult:
+def cancel_jobs(ids: Sequence[int], *, using: str | None = None) -> BulkResult:
     """Cancel scheduled or queued jobs at once; ask running ones to stop (``requested``:
     their worker ends them 'cancelled', see ``pgqueue.stop_store``). Finished are skipped."""
     asked: list[int] = []
@@ -390,7 +392,7 @@ def cancel_jobs(ids: Sequence[int], *, using: str = "default") -> BulkResult:
     return result
 
 
-def retry_jobs(ids: Sequence[int], *, using: str = "default") -> BulkResult:
+def retry_jobs(ids: Sequence[int], *, using: str | None = None) -> BulkResult:
     """Send dead or cancelled jobs back to run: attempts restart from 0, history is kept.
 
     A job whose run_at is still ahead waits in scheduled; the others are queued now with a
@@ -407,7 +409,7 @@ def retry_jobs(ids: Sequence[int], *, using: str = "default") -> BulkResult:
     return _bulk(ids, using, "retried", "dead or cancelled", change)
 
 
-def run_jobs_now(ids: Sequence[int], *, using: str = "default") -> BulkResult:
+def run_jobs_now(ids: Sequence[int], *, using: str | None = None) -> BulkResult:
     """Make scheduled jobs runnable now instead of at their run_at."""
 
     def change(cursor: Any, ids: list[int]) -> list[int]:
@@ -419,28 +421,28 @@ def run_jobs_now(ids: Sequence[int], *, using: str = "default") -> BulkResult:
     return _bulk(ids, using, "run now", "scheduled", change)
 
 
-def _single(result: BulkResult, job_id: int, action: str, allowed: str, using: str) -> Job:
+def _single(result: BulkResult, job_id: int, action: str, allowed: str, using: str | None) -> Job:
     job_id = int(job_id)
     if job_id in result.missing:
         raise JobNotFound(f"job {job_id} does not exist")
     if job_id in result.skipped:
         raise InvalidTransition(job_id, result.statuses[job_id], action, allowed)
-    return Job.objects.using(using).get(pk=job_id)
+    return Job.objects.using(queue_db(using)).get(pk=job_id)
 
 
-def cancel(job_id: int, *, using: str = "default") -> Job:
+def cancel(job_id: int, *, using: str | None = None) -> Job:
     """Cancel one job, or ask it to stop when running (the Job returned is still running,
     its ``cancel_requested_at`` set); raises JobNotFound or InvalidTransition (finished)."""
     return _single(cancel_jobs([job_id], using=using), job_id, "cancelled", CANCELLABLE, using)
 
 
-def retry(job_id: int, *, using: str = "default") -> Job:
+def retry(job_id: int, *, using: str | None = None) -> Job:
     """Retry one dead or cancelled job; raises JobNotFound or InvalidTransition."""
     return _single(retry_jobs([job_id], using=using), job_id, "retried", "dead or cancelled", using)
 
 
 def set_tenant_weight(
-    tenant: str, weight: float, *, queue: str | None = None, using: str = "default"
+    tenant: str, weight: float, *, queue: str | None = None, using: str | None = None
 ) -> None:
     """Set a tenant's weight in every queue, or with ``queue`` in that queue only.
 
@@ -450,5 +452,5 @@ def set_tenant_weight(
     if queue is not None:
         queue = validate_name(queue, "queue")
     weight = validate_weight(weight)
-    with connections[using].cursor() as cursor:
+    with connections[queue_db(using)].cursor() as cursor:
         store.set_weight(cursor, tenant=tenant, weight=weight, queue=queue)

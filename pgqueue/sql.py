@@ -1100,30 +1100,67 @@ WORKER_PRUNE = """
 DELETE FROM pgqueue_worker WHERE last_seen_at < now() - interval '1 day'
 """
 
+# -- name: TASK_STAT_HEAD
+# The largest attempt id committed so far: the bound the next fold may reach once every
+# transaction that could still hold a smaller id has ended (see TASK_STAT_FOLD); and it
+# draws this transaction's xid, after the snapshot the id was read in. Sound only as the
+# transaction's first xid-drawing statement (maintenance runs it first after its lock);
+# drawing the xid here, not in the fold, lets the fold's snapshot see it, so that a quiet
+# server's attempts are folded in the same pass.
+# Locks: none (the xid is one per maintenance pass).
+# Index: pgqueue_job_attempt_pkey (a backward index-only probe).
+# Called by: store.attempt_head, from maintenance (first statement after its lock).
+TASK_STAT_HEAD = "SELECT COALESCE(max(id), 0), pg_current_xact_id() FROM pgqueue_job_attempt"
+
 # -- name: TASK_STAT_FOLD
-# Fold attempt rows finished more than %(settle)s seconds ago into pgqueue_task_stat,
-# oldest first, at most %(limit)s per run. Attempt ids are given out before their
-# transactions commit, so a row could become visible after a larger id was folded: the
-# settle delay (far longer than a worker's one-statement commit) keeps rows whose
-# transaction may still be open out.
+# Fold attempt rows into pgqueue_task_stat, oldest first, at most %(limit)s per run, past
+# the mark (pgqueue_stat_mark.last_attempt_id) and never past a row whose transaction may
+# still be open. Attempt ids are drawn before their transactions commit, so a row with a
+# smaller id can become visible after a larger one: a watermark over ids is only sound up
+# to a bound below which every inserting transaction has ended. That bound is a pair
+# (head, xid): head, an id read (TASK_STAT_HEAD) before this transaction drew xid. Every
+# statement that inserts attempts writes pgqueue_job first (so it holds its xid before it
+# draws an id), hence a transaction holding an id <= head has an xid < xid; once the
+# oldest running xid of the server (pg_snapshot_xmin of the current snapshot) is >= xid,
+# each of them has committed or rolled back, and the rows up to head are final. The pair
+# of this run is folded at once when nothing older is running (a quiet server), otherwise
+# it is kept as pending_* and folded by a later run (a second later nothing of a worker's
+# is still open); a pending pair is replaced only once folded, so a steady stream of short
+# transactions never starves it. A long transaction holding an xid (anywhere on the
+# server) delays the fold until it ends; it never makes the fold skip a row.
+# Assumes the attempt id sequence hands ids out one at a time (CACHE 1, the default).
 # Locks: the mark row (FOR UPDATE) and the upserted stat rows, until maintenance's
 #   transaction ends.
-# Indexes: pgqueue_job_attempt_pkey (id > mark), pgqueue_job_pkey (the task of each),
-#   pgqueue_task_stat_uniq (the upsert).
+# Indexes: pgqueue_job_attempt_pkey (mark < id <= bound), pgqueue_job_pkey (the task of
+#   each), pgqueue_task_stat_uniq (the upsert), pgqueue_stat_mark_pkey.
 # Called by: store.fold_task_stats, from maintenance (one worker at a time).
 TASK_STAT_FOLD = """
-WITH mark AS (
-    SELECT COALESCE(
-        (SELECT last_attempt_id FROM pgqueue_stat_mark WHERE id = 1 FOR UPDATE), 0
-    ) AS last_attempt_id
+WITH mark AS MATERIALIZED (
+    SELECT last_attempt_id, pending_attempt_id, pending_xid
+      FROM pgqueue_stat_mark WHERE id = 1 FOR UPDATE
+),
+state AS MATERIALIZED (
+    SELECT COALESCE((SELECT last_attempt_id FROM mark), 0) AS mark,
+           (SELECT pending_attempt_id FROM mark) AS p_id,
+           (SELECT pending_xid FROM mark) AS p_xid,
+           pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS horizon,
+           pg_current_xact_id()::text::bigint AS xid
+),
+bound AS MATERIALIZED (
+    SELECT mark, p_id, p_xid, xid,
+           GREATEST(mark,
+                    CASE WHEN horizon >= xid THEN %(head)s::bigint END,
+                    CASE WHEN horizon >= p_xid THEN p_id END) AS upto,
+           p_xid IS NULL OR horizon >= p_xid AS p_final
+      FROM state
 ),
 fresh AS MATERIALIZED (
     SELECT a.id, j.task, a.outcome,
            GREATEST(extract(epoch FROM a.finished_at - a.started_at)::float8, 0) AS secs
       FROM pgqueue_job_attempt a
       JOIN pgqueue_job j ON j.id = a.job_id
-     WHERE a.id > (SELECT last_attempt_id FROM mark)
-       AND a.finished_at <= now() - %(settle)s * interval '1 second'
+     WHERE a.id > (SELECT mark FROM bound)
+       AND a.id <= (SELECT upto FROM bound)
      ORDER BY a.id
      LIMIT %(limit)s
 ),
@@ -1136,11 +1173,22 @@ folded AS (
      GROUP BY 1, 2, 3
     ON CONFLICT (task, outcome, le) DO UPDATE
        SET count = s.count + EXCLUDED.count, seconds = s.seconds + EXCLUDED.seconds
+),
+moved AS MATERIALIZED (
+    SELECT b.*, CASE WHEN (SELECT count(*) FROM fresh) >= %(limit)s
+                     THEN (SELECT max(id) FROM fresh) ELSE b.upto END AS new_mark
+      FROM bound b
 )
-INSERT INTO pgqueue_stat_mark (id, last_attempt_id)
-SELECT 1, max(id) FROM fresh HAVING count(*) > 0
-ON CONFLICT (id) DO UPDATE SET last_attempt_id = EXCLUDED.last_attempt_id
-RETURNING last_attempt_id
+INSERT INTO pgqueue_stat_mark AS m (id, last_attempt_id, pending_attempt_id, pending_xid)
+SELECT 1, new_mark,
+       CASE WHEN p_final AND new_mark >= COALESCE(p_id, 0) THEN %(head)s::bigint ELSE p_id END,
+       CASE WHEN p_final AND new_mark >= COALESCE(p_id, 0) THEN xid ELSE p_xid END
+  FROM moved
+ON CONFLICT (id) DO UPDATE
+   SET last_attempt_id = EXCLUDED.last_attempt_id,
+       pending_attempt_id = EXCLUDED.pending_attempt_id,
+       pending_xid = EXCLUDED.pending_xid
+RETURNING (SELECT count(*) FROM fresh)
 """
 
 # -- name: FAIR_CLOCK_CORRECT

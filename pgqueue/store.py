@@ -426,21 +426,26 @@ def prune_workers(cursor: Any) -> None:
     cursor.execute(sql.WORKER_PRUNE)
 
 
-#: Attempt rows younger than this are left for the next fold (see TASK_STAT_FOLD).
-FOLD_SETTLE_SECONDS = 5.0
+def attempt_head(cursor: Any) -> int:
+    """The largest attempt id committed so far (TASK_STAT_HEAD), before any write of the
+    transaction: it draws the transaction's xid, which must come after the read."""
+    cursor.execute(sql.TASK_STAT_HEAD)
+    return int(cursor.fetchone()[0])
 
 
-def fold_task_stats(cursor: Any, *, limit: int = 10_000, settle: float | None = None) -> int:
-    """Fold finished attempts into the per-task totals; returns the new mark (0: none)."""
+def fold_task_stats(cursor: Any, *, head: int | None = None, limit: int = 10_000) -> int:
+    """Fold attempts into the per-task totals (TASK_STAT_FOLD); returns how many.
+
+    ``head`` is ``attempt_head`` read before this transaction's first write; None reads
+    it now, which is sound only in a transaction that has written nothing yet.
+    """
     from .models import RUN_TIME_BUCKETS
 
+    if head is None:
+        head = attempt_head(cursor)
     cursor.execute(
         sql.TASK_STAT_FOLD,
-        {
-            "limit": limit,
-            "settle": FOLD_SETTLE_SECONDS if settle is None else settle,
-            "buckets": list(RUN_TIME_BUCKETS),
-        },
+        {"head": head, "limit": limit, "buckets": list(RUN_TIME_BUCKETS)},
     )
     row = cursor.fetchone()
-    return row[0] if row else 0
+    return int(row[0]) if row else 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -102,6 +103,27 @@ def drain(queues: tuple[str, ...] = ("default",), batch: int = 1) -> list[store.
                 cur, worker="drainer", results=[(j.id, j.attempt, None) for j in jobs]
             )
         order.extend(jobs)
+
+
+def fold_all(cursor: Any, timeout: float = 30.0) -> int:
+    """Fold every attempt committed so far into the metrics; returns how many were folded.
+
+    The fold waits for every older transaction of the server to end (TASK_STAT_FOLD), and
+    the server is shared with other sessions: polled, bounded by ``timeout``.
+    """
+    from pgqueue.models import StatMark
+
+    head = store.attempt_head(cursor)
+    folded = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        folded += store.fold_task_stats(cursor, head=head)
+        mark = StatMark.objects.filter(pk=1).values_list("last_attempt_id", flat=True).first()
+        if (mark or 0) >= head:
+            return folded
+        if time.monotonic() > deadline:
+            pytest.fail(f"the fold did not reach attempt {head} in {timeout}s", pytrace=False)
+        time.sleep(0.02)
 
 
 def job(job_id: int) -> Job:

@@ -312,7 +312,7 @@ def unreachable_database(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     settings_dict = {**connection.settings_dict, "HOST": "127.0.0.1", "PORT": "9"}
     dead = DatabaseWrapper(settings_dict, alias="unreachable")
-    monkeypatch.setattr(views, "connection", dead)
+    monkeypatch.setattr(views, "connections", {"default": dead})
     yield
     dead.close()
 

@@ -22,6 +22,7 @@ from pgqueue import services, stop_store, store
 from pgqueue.models import Job
 from pgqueue.worker.connection import connect_params
 from tests.api_fixtures import client, new_key
+from tests.conftest import fold_all
 from tests.workers import STARTUP, StartWorker, history, wait_for
 
 #: A short lease: a heartbeat every second, maintenance often, a tiny backoff.
@@ -362,6 +363,6 @@ def test_a_cancelled_attempt_is_folded_into_the_task_stats() -> None:
         assert stop_store.confirm_cancel_many(cur, worker="w1", held=[(held.id, held.attempt)]) == {
             job.id
         }
-        store.fold_task_stats(cur, settle=0)
+        fold_all(cur)
     counts = TaskStat.objects.filter(task="test.noop").values_list("outcome", "count")
     assert sorted(counts) == [("cancelled", 1)]

@@ -74,3 +74,23 @@ def test_runworker_shows_a_handlers_info_record_with_its_job(workers: StartWorke
     assert len(lines) == 1, w.log()
     assert "level=INFO logger=tests.taskapp.tasks" in lines[0]
     assert f"job={job.id} task=test.log tenant=acme attempt=1 handler says" in lines[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runworker_logs_a_line_per_batch_and_a_warning_per_failure(workers: StartWorker) -> None:
+    """At INFO a recorded batch is one line with its counts and ids, not one per job; each
+    failure still has a WARNING line of its own, with its job id and error."""
+    ok = pgqueue.enqueue_many("test.echo", [{"n": n} for n in range(6)], tenant="acme")
+    bad, _ = pgqueue.enqueue("test.fail_until", {"succeed_on": 9}, tenant="acme", max_attempts=1)
+    w = workers("--burst")
+    assert w.wait_exit(STARTUP) == 0
+    lines = w.log().splitlines()
+    batches = [line for line in lines if "event=recorded" in line]
+    assert batches and all("level=INFO" in line for line in batches), w.log()
+    assert sum(int(line.split(" jobs=")[1].split()[0]) for line in batches) == 7
+    named = {int(i) for line in batches for i in line.split(" ids=")[1].split(",")}
+    assert named == {*ok, bad.id}
+    assert not [line for line in lines if "outcome=done" in line], w.log()
+    (failure,) = [line for line in lines if f"job={bad.id} " in line and "outcome=" in line]
+    assert "level=WARNING" in failure and "outcome=dead" in failure
+    assert "error='RuntimeError: failing on purpose on attempt 1'" in failure

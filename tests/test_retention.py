@@ -20,12 +20,12 @@ from django.db import connection
 from django.test import override_settings
 
 import pgqueue
-from pgqueue import prune_store, store
+from pgqueue import prune_store
 from pgqueue.checks import check_settings
 from pgqueue.management.commands import pgqueue_prune
 from pgqueue.models import Job, JobAttempt, TaskStat
 from pgqueue.worker.maintenance import prune_finished_jobs, run_maintenance
-from tests.conftest import claim, drain, fail
+from tests.conftest import claim, drain, fail, fold_all
 from tests.test_checks import manage
 from tests.workers import database_url
 
@@ -63,7 +63,7 @@ def finished(status: str, days_ago: float, n: int = 1, key: str | None = None) -
 
 def fold() -> None:
     with connection.cursor() as cur:
-        store.fold_task_stats(cur, settle=0)
+        fold_all(cur)
 
 
 def prune(**kwargs: Any) -> dict[str, prune_store.Pruned]:

@@ -15,7 +15,7 @@ from pgqueue.conf import DEFAULTS, pgqueue_settings
 from pgqueue.registry import registered_tasks
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(databases=["default", "queue"])  # it looks at every alias's history
 def test_models_and_migrations_agree():
     """`makemigrations --check` stays clean: the schema in the migrations is the models'."""
     out = io.StringIO()

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 import pytest
-from django.db import connection
+from django.db import connections
 
 from pgqueue.models import JobAttempt
 from pgqueue.models import Worker as WorkerRow
@@ -62,9 +62,9 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str) -> T:
 # -- the worker subprocess ------------------------------------------------------------------
 
 
-def database_url() -> str:
-    """A DATABASE_URL (as demo_project/dburl.py reads it) for the test database."""
-    s = connection.settings_dict
+def database_url(alias: str = "default") -> str:
+    """A DATABASE_URL (as demo_project/dburl.py reads it) for the test database of ``alias``."""
+    s = connections[alias].settings_dict
     user, password = quote(s["USER"] or "", safe=""), quote(s["PASSWORD"] or "", safe="")
     auth = f"{user}:{password}@" if user or password else ""
     host = s["HOST"] or ""
@@ -140,7 +140,8 @@ def workers(transactional_db: None, tmp_path: Path) -> Iterator[StartWorker]:
     """``start(*runworker_args, settings={NAME: value}, name=..., url=...)`` starts a worker.
 
     ``settings`` become PGQUEUE_<NAME>=<JSON> (the test process's own PGQUEUE_* variables
-    are not passed on); ``url`` replaces the test database's DATABASE_URL. At teardown
+    are not passed on); ``url`` replaces the test database's DATABASE_URL; ``extra_env`` adds
+    variables. At teardown
     every worker started is killed, before the test database is flushed, and its log is
     printed.
     """
@@ -152,6 +153,7 @@ def workers(transactional_db: None, tmp_path: Path) -> Iterator[StartWorker]:
         settings: dict[str, Any] | None = None,
         name: str | None = None,
         url: str | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> WorkerProcess:
         name = name or f"worker{len(started) + 1}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
@@ -159,6 +161,7 @@ def workers(transactional_db: None, tmp_path: Path) -> Iterator[StartWorker]:
             DJANGO_SETTINGS_MODULE="tests.worker_settings",
             DATABASE_URL=url or test_url,
             PYTHONUNBUFFERED="1",
+            **(extra_env or {}),
         )
         for key, value in (settings or {}).items():
             env[f"PGQUEUE_{key}"] = json.dumps(value)

@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from .. import liveness, services
+from ..conf import queue_db
 from ..durations import format_seconds
 from ..models import FairClock, Job, JobAttempt, Status, Tenant
 from ..registry import registered_tasks
@@ -84,7 +85,12 @@ class QueueFilter(ColumnFilter):
     title = parameter_name = column = "queue"
 
     def choices_of(self) -> Iterable[str]:
-        return FairClock.objects.order_by("queue").values_list("queue", flat=True).distinct()
+        return (
+            FairClock.objects.using(queue_db())
+            .order_by("queue")
+            .values_list("queue", flat=True)
+            .distinct()
+        )
 
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
         unserved = set(liveness.unserved_queues())
@@ -108,7 +114,7 @@ class TenantFilter(ColumnFilter):
     column = "tenant_id"
 
     def choices_of(self) -> Iterable[str]:
-        return Tenant.objects.order_by("name").values_list("name", flat=True)
+        return Tenant.objects.using(queue_db()).order_by("name").values_list("name", flat=True)
 
 
 class AttemptInline(admin.TabularInline):

@@ -23,7 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
-from ..conf import pgqueue_settings
+from ..conf import pgqueue_settings, queue_db
 from ..exceptions import InvalidJob, UnknownTask
 from ..models import Job
 from ..registry import get_task
@@ -189,7 +189,7 @@ def _visible_job(request: Request, job_id: int) -> Job:
     """The job, if it exists and the caller's scope may see it; else 404 (never 403, so
     ids reveal nothing about other tenants' jobs)."""
     scope = scope_of(request)
-    job = Job.objects.filter(pk=job_id).first()
+    job = Job.objects.using(queue_db()).filter(pk=job_id).first()
     if job is None or not scope.sees(job):
         raise ApiError(404, "not_found", f"job {job_id} does not exist")
     return job

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connections, transaction
 from django.http import HttpResponse
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
@@ -19,7 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import pages, reads, services
-from ..conf import pgqueue_settings
+from ..conf import pgqueue_settings, queue_db
 from ..limits import set_tenant_limits
 from ..models import Job, Status
 from ..registry import TASK_NAME_RE
@@ -189,7 +189,7 @@ class JobsView(PgQueueView):
     )
     def get(self, request: Request) -> Response:
         params = request.query_params
-        jobs = Job.objects.all()
+        jobs = Job.objects.using(queue_db()).all()
         scope = scope_of(request)
         if scope.tenant is not None:
             jobs = jobs.filter(tenant_id=scope.tenant)
@@ -352,7 +352,7 @@ class TenantView(PgQueueView):
         if not {"weight", "max_running", "rate_limit"} & set(data):
             raise bad_field("weight", "give weight, max_running or rate_limit")
         queue = _typed(data, "queue", str, "a string")
-        with transaction.atomic():
+        with transaction.atomic(using=queue_db()):
             if "weight" in data:
                 services.set_tenant_weight(name, data["weight"], queue=queue)
             if "max_running" in data or "rate_limit" in data:
@@ -414,7 +414,7 @@ class HealthView(KnownQueryParams):
     )
     def get(self, request: Request) -> Response:
         try:
-            with connection.cursor() as cursor:
+            with connections[queue_db()].cursor() as cursor:
                 cursor.execute("SELECT 1")
         except Exception as exc:  # any failure to reach the database is the answer
             # The error names the database's host and port: for the log, not the caller.

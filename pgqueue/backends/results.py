@@ -15,6 +15,7 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
+from ..conf import queue_db
 from ..models import Job, JobAttempt, Outcome, Status
 from .framework import Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
 
@@ -93,7 +94,8 @@ def read_result(alias: str, result_id: str) -> TaskResult:
     """
     job_id = _job_id(result_id)
     row = (
-        Job.objects.filter(pk=job_id)
+        Job.objects.using(queue_db())
+        .filter(pk=job_id)
         .values(
             "task",
             "payload",
@@ -154,7 +156,8 @@ def history(job_id: int, count: int) -> list[dict[str, Any]]:
     if count <= 0:
         return []
     rows = (
-        JobAttempt.objects.filter(job_id=job_id, outcome__in=ATTEMPT_OUTCOMES)
+        JobAttempt.objects.using(queue_db())
+        .filter(job_id=job_id, outcome__in=ATTEMPT_OUTCOMES)
         .order_by("-id")
         .values("worker", "outcome", "error", "traceback", "started_at")[:count]
     )

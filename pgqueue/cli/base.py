@@ -10,9 +10,11 @@ from typing import Any, NoReturn
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
+from django.db import OperationalError, connections
 from django.utils.dateparse import parse_datetime
 from rest_framework.utils.encoders import JSONEncoder
+
+from ..conf import queue_db
 
 #: Exit codes. argparse exits 2 for a usage error of its own; the commands use 2 too when
 #: the service layer refuses an argument (a weight of 0, an invalid tenant name).
@@ -56,8 +58,8 @@ class OperatorCommand(BaseCommand):
         parser.add_argument(
             "--database",
             choices=list(settings.DATABASES),
-            default=DEFAULT_DB_ALIAS,
-            help="the database alias (default: default)",
+            default=None,
+            help='the database alias (default: PGQUEUE["DATABASE"])',
         )
         self.add_options(parser)
 
@@ -69,7 +71,7 @@ class OperatorCommand(BaseCommand):
         raise NotImplementedError
 
     def handle(self, *args: Any, **options: Any) -> None:
-        self.using = options["database"]
+        self.using = queue_db(options["database"])
         try:
             connections[self.using].ensure_connection()
         except OperationalError as exc:

@@ -16,6 +16,8 @@ from typing import Any
 import psycopg
 from django.db import connections
 
+from ..conf import queue_db
+
 logger = logging.getLogger("pgqueue.worker")
 
 # Errors after which a connection is presumed broken and is made again.
@@ -36,8 +38,11 @@ class DatabaseUnreachable(Exception):
 _DJANGO_ONLY = ("cursor_factory", "context", "prepare_threshold")
 
 
-def connect_params(alias: str = "default", application_name: str = "pgqueue") -> dict[str, Any]:
-    params = connections[alias].get_connection_params()
+def connect_params(alias: str | None = None, application_name: str = "pgqueue") -> dict[str, Any]:
+    """psycopg.connect's keywords for ``alias`` (None: ``PGQUEUE["DATABASE"]``), from the
+    DATABASES entry through Django's backend, so OPTIONS, the service file and the
+    password are read as Django reads them."""
+    params = connections[queue_db(alias)].get_connection_params()
     for key in _DJANGO_ONLY:
         params.pop(key, None)
     params.setdefault("application_name", application_name)

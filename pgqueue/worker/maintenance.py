@@ -70,11 +70,12 @@ def run_maintenance(conn: Any) -> MaintenanceResult:
     with conn.transaction(), conn.cursor() as cur:
         if not store.try_maintenance_lock(cur):
             return MaintenanceResult(False, {}, [])
+        head = store.attempt_head(cur)  # before any write: see TASK_STAT_FOLD
         stopped = stop_abandoned_jobs(cur)
         rescued = rescue_expired_leases(cur)
         promoted = promote_due_jobs(cur)
         prune_dead_workers(cur)
-        fold_task_stats(cur)
+        fold_task_stats(cur, head)
         if by_time():
             correct_fair_clocks(cur)
         enqueue_due_periodic(cur)
@@ -147,12 +148,15 @@ def prune_dead_workers(cur: Any) -> None:
     store.prune_workers(cur)
 
 
-def fold_task_stats(cur: Any) -> int:
-    """Fold settled attempts into the per-task totals; returns the new mark (0: none).
+def fold_task_stats(cur: Any, head: int) -> int:
+    """Fold finished attempts into the per-task totals; returns how many were folded.
 
     The metrics endpoint then reads a few rows per task, not the whole attempt history.
+    ``head`` was read before this transaction's first write. No attempt is ever skipped:
+    the fold stops short of any id whose transaction may still be open (TASK_STAT_FOLD)
+    and takes it on a later pass, so the counters may lag a long transaction, never lose.
     """
-    return store.fold_task_stats(cur)
+    return store.fold_task_stats(cur, head=head)
 
 
 def correct_fair_clocks(cur: Any) -> int:

@@ -56,7 +56,7 @@ class WorkerLoop:
         prefetch: int | None = None,
         burst: bool = False,
         max_jobs: int | None = None,
-        alias: str = "default",
+        alias: str | None = None,  # None: PGQUEUE["DATABASE"]
         worker_id: str | None = None,
     ) -> None:
         self.queues = list(dict.fromkeys(queues))

@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from pgqueue import keys
+from pgqueue.conf import queue_db
 from pgqueue.exceptions import InvalidJob
 from pgqueue.models import ApiKey
 
@@ -57,7 +58,7 @@ class Command(BaseCommand):
             )
             self.stdout.write(key)
         elif action == "list":
-            rows = ApiKey.objects.order_by("created_at")
+            rows = ApiKey.objects.using(queue_db()).order_by("created_at")
             if not rows:
                 self.stdout.write("no API keys")
             for row in rows:

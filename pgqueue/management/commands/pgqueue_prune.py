@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 
 from pgqueue import prune_store
-from pgqueue.conf import pgqueue_settings
+from pgqueue.conf import pgqueue_settings, queue_db
 from pgqueue.worker.maintenance import prune_finished_jobs
 
 #: --dry-run counts at most this many jobs per status, and prints "N+" beyond it.
@@ -34,11 +34,14 @@ class Command(BaseCommand):
             action="store_true",
             help=f"count what would be removed (at most {DRY_RUN_CAP:,} jobs per status)",
         )
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="database alias")
+        parser.add_argument(
+            "--database", default=None, help='database alias (default: PGQUEUE["DATABASE"])'
+        )
 
-    def handle(self, *args: Any, dry_run: bool, database: str, **options: Any) -> None:
+    def handle(self, *args: Any, dry_run: bool, database: str | None, **options: Any) -> None:
         from pgqueue.checks import require_postgresql
 
+        database = queue_db(database)
         require_postgresql(database)
         connection = connections[database]
         retention = pgqueue_settings.retention_seconds

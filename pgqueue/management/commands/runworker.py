@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import OperationalError, connections
 
 from pgqueue import stdio
-from pgqueue.conf import pgqueue_settings
+from pgqueue.conf import pgqueue_settings, queue_db
 from pgqueue.log import DEFAULT_FORMAT, JobContextFilter
 from pgqueue.schedules import sync_schedules
 from pgqueue.worker import DatabaseUnreachable, WorkerLoop
@@ -73,11 +73,14 @@ class Command(BaseCommand):
         parser.add_argument(
             "--max-jobs", type=_positive, default=None, help="exit after this many jobs"
         )
-        parser.add_argument("--database", default="default", help="database alias")
+        parser.add_argument(
+            "--database", default=None, help='database alias (default: PGQUEUE["DATABASE"])'
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         from pgqueue.checks import require_postgresql
 
+        options["database"] = queue_db(options["database"])
         require_postgresql(options["database"])  # one line, exit 1, on another database
         queues = [
             q.strip()
@@ -148,7 +151,8 @@ def _configure_logging(verbosity: int) -> None:
     handler.addFilter(JobContextFilter())
     handler.setFormatter(logging.Formatter(DEFAULT_FORMAT, datefmt="%Y-%m-%dT%H:%M:%S%z"))
     root.addHandler(handler)
-    # -v 0: warnings only (no line per job); -v 1 (default): one line per job; -v 2: debug.
+    # -v 0: warnings only (failures); -v 1 (default): a line per recorded batch; -v 2: debug
+    # (a line per job).
     # Other libraries stay at INFO with -v 2, so that only pgqueue's debug lines are added.
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     root.setLevel(max(level, logging.INFO) if verbosity else logging.WARNING)
