@@ -8,7 +8,7 @@ import pytest
 from django.db import transaction
 
 import pgqueue
-from pgqueue import limits
+from pgqueue import limits, services
 from pgqueue.limit_models import Limit
 from pgqueue.models import Job, JobAttempt
 from tests.workers import wait_for
@@ -129,3 +129,42 @@ def test_a_killed_workers_capped_slot_comes_back_with_its_lease(workers, tmp_pat
     b = workers("--concurrency", "2", settings=fast, name="B")
     b.registered()
     wait_for(lambda: all_done([after.id]), 30, "the next job once the lease is reaped")
+
+
+def test_a_cancelled_running_job_of_a_capped_tenant_frees_its_slot(workers, tmp_path):
+    """Cancelling a running job (JOB_CANCEL_CONFIRM_MANY, from the worker told of it) gives
+    its slot back (_uncount): the tenant's next gated job starts, with the cap at 1."""
+    limits.set_tenant_limits("t", max_running=1)
+    running = pgqueue.enqueue(
+        "test.until_cancelled", {"observed": str(tmp_path / "observed")}, tenant="t"
+    ).job
+    w = workers("--concurrency", "2", settings=QUICK)
+    w.registered()
+    wait_for(lambda: Job.objects.get(id=running.id).status == "running", 20, "the job to start")
+    after = pgqueue.enqueue("test.noop", {}, tenant="t").job
+    assert Job.objects.get(id=after.id).gated
+    assert Limit.objects.get(tenant="t").running == 1
+    services.cancel(running.id)
+    wait_for(lambda: all_done([after.id]), 20, "the next job once the slot is free")
+    assert Job.objects.get(id=running.id).status == "cancelled"
+    wait_for(lambda: Limit.objects.get(tenant="t").running == 0, 10, "the count back to 0")
+
+
+def test_a_timed_out_job_of_a_capped_tenant_frees_its_slot(workers, tmp_path):
+    """A job the worker times out is recorded failed (JOB_FAIL_MANY), which gives its slot
+    back: the next gated job starts while the timed-out handler is still running."""
+    limits.set_tenant_limits("t", max_running=1)
+    stuck = pgqueue.enqueue(
+        "test.block",
+        {"release": str(tmp_path / "never"), "timeout": 30},
+        tenant="t",
+        timeout=0.5,
+        max_attempts=1,
+    ).job
+    after = pgqueue.enqueue("test.noop", {}, tenant="t").job
+    w = workers("--concurrency", "2", settings=QUICK)
+    w.registered()
+    wait_for(lambda: all_done([after.id]), 20, "the next job once the slot is free")
+    row = Job.objects.get(id=stuck.id)
+    assert (row.status, row.last_error) == ("dead", "timed out after 0.5 s")
+    wait_for(lambda: Limit.objects.get(tenant="t").running == 0, 10, "the count back to 0")
