@@ -53,9 +53,10 @@ def test_a_tenant_cap_of_3_is_never_exceeded_by_8_workers_of_16_threads(workers)
     other claim can see it free. So the jobs come in waves, each enqueued in one commit
     whose wake-up sends all 8 idle workers claiming at the same instant; the capped jobs
     are very short and interleaved with another tenant's (the slots turn over all the time
-    and claims are small and many: prefetch 0, a short poll). With the ``gate`` CTE's FOR UPDATE SKIP LOCKED
-    removed by hand, each claim checks the cap against its own snapshot of ``running``,
-    and the test failed 3 runs out of 3 (24 of a tenant's jobs at once: 3 per process).
+    and claims are small and many: prefetch 0, a short poll). With the ``gate`` CTE's
+    FOR UPDATE SKIP LOCKED removed by hand, each claim checks the cap against its own
+    snapshot of ``running``, and the test failed 3 runs out of 3 (24 of a tenant's jobs at
+    once: 3 per process).
 
     (started_at and finished_at are their transactions' start times: a completion that both
     began and committed inside a claim statement's sub-millisecond window before its lock
