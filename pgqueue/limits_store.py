@@ -76,3 +76,11 @@ def recount(cursor: Any) -> list[tuple[int, int, int]]:
     cursor.fetchall()
     cursor.execute(sql.LIMIT_RECOUNT)
     return [(r[0], r[1], r[2]) for r in cursor.fetchall()]
+
+
+def delete_unused(cursor: Any) -> list[int]:
+    """Delete the rows that limit nothing, count nothing and hold back no gated job
+    (LIMIT_DELETE_UNUSED), so the claims of their queues go back to the plain statement.
+    In the transaction of ``recount``, after it (the rows are locked). Returns their ids."""
+    cursor.execute(sql.LIMIT_DELETE_UNUSED)
+    return [r[0] for r in cursor.fetchall()]

@@ -223,10 +223,10 @@ _FREE = f"""CASE WHEN l.paused THEN 0 ELSE GREATEST(LEAST(
         %(limit)s), 0) END"""
 
 # The claim's CTEs end in ``picked`` (the jobs to lease, with the limit rows each counts
-# in) and ``counted`` (those rows' counters raised, their tokens spent); see JOB_CLAIM. One
-# shape for one queue or several: each queue offers its best jobs and they are interleaved
-# rank by rank (priority first), because vtimes of different queues are not comparable;
-# with one queue that is plain (priority DESC, vtime, id) order.
+# in) and ``counted`` (those rows' counters raised, their tokens spent); see
+# JOB_CLAIM_LIMITED. One shape for one queue or several: each queue offers its best jobs
+# and they are interleaved rank by rank (priority first), because vtimes of different
+# queues are not comparable; with one queue that is plain (priority DESC, vtime, id) order.
 # - ``groups``: the limited (queue, tenant) pairs that have gated jobs, each with the limit
 #   rows that apply to it (the tenant's, the tenant's in that queue). A tenant with no
 #   gated job in these queues costs one probe of pgqueue_job_gated.
@@ -346,7 +346,12 @@ counted AS (
       JOIN gate g ON g.id = t.lid
      WHERE l.id = t.lid
 ),"""
-_CLAIM_UPDATE = f"""
+
+
+def _claim_update(limit_ids: str) -> str:
+    """The claim's last CTE, ``claimed``: lease the ``picked`` jobs, each recording the
+    limit rows it was counted in (``limit_ids``, an expression of ``picked``)."""
+    return f"""
 claimed AS (
     UPDATE pgqueue_job j
        SET status = 'running',
@@ -354,17 +359,79 @@ claimed AS (
            lease_owner = %(worker)s,
            lease_expires_at = {NOW} + %(lease)s * interval '1 second',
            started_at = {NOW},
-           limit_ids = NULLIF(picked.ids, '{{}}')
+           limit_ids = {limit_ids}
       FROM picked
      WHERE j.id = picked.id
     RETURNING j.id, j.task, j.payload::text AS payload, j.tenant, j.queue, j.priority,
               j.attempts, j.max_attempts, j.lease_expires_at, j.vtime, j.timeout_seconds,
               j.limit_ids
 )"""
+
+
+_CLAIM_UPDATE = _claim_update("NULLIF(picked.ids, '{}')")
 _CLAIMED_COLUMNS = (
     "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, "
     "vtime, timeout_seconds, limit_ids"
 )
+#: _CLAIMED_COLUMNS' types, all NULL: a row that is no job.
+_NO_JOB = (
+    "NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::varchar, NULL::smallint, "
+    "NULL::int, NULL::int, NULL::timestamptz, NULL::float8, NULL::float8, NULL::bigint[]"
+)
+
+#: Once per statement (an InitPlan), in the statement's own snapshot: no pgqueue_limit row
+#: applies to the claim's queues (a queue's own row, a (queue, tenant) row, or any
+#: tenant-wide row, queue ''). A row that limits nothing any more counts too: its scope may
+#: still have gated jobs, which only the limited claim takes. A seq scan that stops at the
+#: first match; nothing to read on an empty table.
+_NO_LIMITS = """(SELECT NOT EXISTS (SELECT 1 FROM pgqueue_limit
+                     WHERE queue = '' OR queue = ANY(%(queues)s::text[])))"""
+
+# The plain claim's CTEs, ending in ``picked``, for when no limit row applies (_NO_LIMITS):
+# the claim of before limits existed, on the claim index (ungated jobs only). When a limit
+# row applies, the guard makes it claim nothing at all (one-time filters: the job index is
+# not read) and the statement returns one row of NULLs (_SWITCH): the caller claims with the
+# limited statement instead. Taken in the claim's own snapshot, a plain claim is exactly a
+# claim from before the first limit was set: no cache widens that window.
+_CLAIM_ONE_QUEUE = f"""
+picked AS MATERIALIZED (
+    SELECT id FROM pgqueue_job
+     WHERE queue = (%(queues)s::text[])[1] AND status = 'queued' AND NOT gated
+       AND {_NO_LIMITS}
+     ORDER BY priority DESC, vtime, id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),"""
+# With several queues, each queue offers its own best jobs and they are interleaved rank by
+# rank (priority first): vtimes of different queues are not comparable.
+_CLAIM_MANY_QUEUES = f"""
+plain_candidates AS MATERIALIZED (
+    SELECT j.id, j.priority, j.vtime, q.ord
+      FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)
+      CROSS JOIN LATERAL (
+            SELECT id, priority, vtime FROM pgqueue_job
+             WHERE queue = q.name AND status = 'queued' AND NOT gated
+             ORDER BY priority DESC, vtime, id
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED
+      ) j
+     WHERE {_NO_LIMITS}
+),
+picked AS (
+    SELECT id FROM (
+        SELECT id, priority, ord,
+               row_number() OVER (PARTITION BY ord ORDER BY priority DESC, vtime, id) AS rank
+          FROM plain_candidates) c
+     ORDER BY priority DESC, rank, ord
+     LIMIT %(limit)s
+),"""
+_PLAIN_UPDATE = _claim_update("NULL")
+
+
+def _switch(when: str, is_claim: str = "") -> str:
+    """The row of NULLs (an id of NULL) that tells the caller to use the other claim
+    statement next: returned when ``when`` holds."""
+    return f"\nUNION ALL\nSELECT {is_claim}{_NO_JOB} WHERE {when}"
 
 
 def _uncount(rows: str) -> str:
@@ -411,29 +478,54 @@ done_history AS (
 
 # -- name: JOB_CLAIM
 # Claim up to %(limit)s runnable jobs of one queue for one worker: a lease of %(lease)s
-# seconds from %(now)s, attempts + 1, within every limit that applies (see _CLAIM: the
-# ungated jobs and each limited tenant's gated ones, merged in claim order), each job
-# recording the limit rows it was counted in. Returns them with _CLAIMED_COLUMNS.
+# seconds from %(now)s, attempts + 1, when no limit row applies to the queue (_NO_LIMITS,
+# once per statement): the fast path, the plain claim of before limits. Otherwise it claims
+# nothing and returns one row of NULLs (_switch): the caller claims with JOB_CLAIM_LIMITED.
+# Returns the jobs with _CLAIMED_COLUMNS (limit_ids NULL: counted in no row).
 # Locks: the chosen rows, FOR UPDATE SKIP LOCKED: rows another claimer holds are skipped,
 #   never waited on, so N workers take N different jobs and none is handed out twice.
-#   The limit rows with room that apply (``gate``), in id order, SKIP LOCKED. Stale
-#   ungated jobs it meets are gated. The transaction commits at once; nothing stays
-#   locked while the job runs (the lease takes over).
-# Index: pgqueue_job_claim, one range scan, already in claim order; pgqueue_job_gated, one
-#   range scan per limited (queue, tenant) with room; pgqueue_limit_scope (a probe per
-#   candidate: nothing on an empty table).
-# Called by: store.claim, from the worker runtime when it has free slots and no success to
-#   record (alone), or after recording failures (in their transaction).
-JOB_CLAIM = f"WITH {_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
+#   The transaction commits at once; nothing stays locked while the job runs (the lease
+#   takes over).
+# Index: pgqueue_job_claim, one range scan, already in claim order (none when a limit row
+#   applies); pgqueue_limit, a seq scan stopping at the first row that applies.
+# Called by: claim_store.claim_once, from store.claim and the worker runtime when it has
+#   free slots and no success to record (alone), or after recording failures (in their
+#   transaction), while no limit applies to its queues.
+JOB_CLAIM = (
+    f"WITH {_CLAIM_ONE_QUEUE}{_PLAIN_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
+    + _switch(f"NOT {_NO_LIMITS}")
+)
 
 # -- name: JOB_CLAIM_MANY_QUEUES
 # JOB_CLAIM for a worker of several queues: each queue offers its best %(limit)s jobs, and
-# the claim takes them rank by rank across queues.
+# the claim takes them rank by rank across queues. The same guard and switch row.
 # Locks: as JOB_CLAIM, in every queue's candidates (the candidates beyond %(limit)s stay
 #   locked, unclaimed, until the claim's transaction commits at once).
-# Index: pgqueue_job_claim, one range scan per queue.
-# Called by: store.claim with more than one queue, from the worker runtime.
-JOB_CLAIM_MANY_QUEUES = f"WITH {_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
+# Index: pgqueue_job_claim, one range scan per queue; pgqueue_limit as JOB_CLAIM.
+# Called by: claim_store.claim_once with more than one queue.
+JOB_CLAIM_MANY_QUEUES = (
+    f"WITH {_CLAIM_MANY_QUEUES}{_PLAIN_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
+    + _switch(f"NOT {_NO_LIMITS}")
+)
+
+# -- name: JOB_CLAIM_LIMITED
+# Claim up to %(limit)s runnable jobs of one queue or several for one worker, as JOB_CLAIM,
+# within every limit that applies (see _CLAIM: the ungated jobs and each limited tenant's
+# gated ones, merged in claim order), each job recording the limit rows it was counted in.
+# Returns them with _CLAIMED_COLUMNS, and one row of NULLs (_switch) when no limit row
+# applies to the queues any more (in this statement's snapshot): the caller goes back to
+# JOB_CLAIM.
+# Locks: the chosen rows, FOR UPDATE SKIP LOCKED, as JOB_CLAIM. The limit rows with room
+#   that apply (``gate``), in id order, SKIP LOCKED. Stale ungated jobs it meets are
+#   gated. The transaction commits at once.
+# Index: pgqueue_job_claim, one range scan per queue, already in claim order;
+#   pgqueue_job_gated, one range scan per limited (queue, tenant) with room;
+#   pgqueue_limit_scope (a probe per candidate).
+# Called by: claim_store.claim_once, when JOB_CLAIM (or the previous limited claim) said a
+#   limit row applies to the worker's queues.
+JOB_CLAIM_LIMITED = (
+    f"WITH {_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed" + _switch(_NO_LIMITS)
+)
 
 # -- name: JOB_COMPLETE_MANY
 # Record successes for jobs this worker holds, one attempt row each, all stamped %(now)s.
@@ -453,9 +545,10 @@ JOB_COMPLETE_MANY = f"WITH {_COMPLETE},{_uncount('done')}\nSELECT id FROM done"
 
 # A worker's steady state in one statement, one round trip and one commit: the two parts
 # touch disjoint rows (running ones are recorded, queued ones claimed). Returns the claimed
-# jobs (is_claim true) and the recorded ids (is_claim false).
-_COMPLETE_AND_CLAIM = """
-SELECT TRUE AS is_claim, {columns} FROM claimed
+# jobs (is_claim true), the recorded ids (is_claim false) and maybe the switch row (is_claim
+# true, id NULL).
+_COMPLETE_AND_CLAIM = f"""
+SELECT TRUE AS is_claim, {_CLAIMED_COLUMNS} FROM claimed
 UNION ALL
 SELECT FALSE, id, NULL::text, NULL::text, NULL::text, NULL::varchar, NULL::smallint, NULL::int,
        NULL::int, NULL::timestamptz, NULL::float8, NULL::float8, NULL::bigint[]
@@ -464,27 +557,45 @@ SELECT FALSE, id, NULL::text, NULL::text, NULL::text, NULL::varchar, NULL::small
 # -- name: JOB_COMPLETE_AND_CLAIM
 # JOB_COMPLETE_MANY and JOB_CLAIM in one statement (see _COMPLETE_AND_CLAIM): record the
 # successes of the jobs that finished and claim as many new ones as that freed, all at
-# %(now)s.
-# The completions give back no limit rows (one statement cannot both lower and raise a
-# counter): the worker sends only batches without a limited job here.
-# Locks: the recorded rows (PK) and the claimed rows (FOR UPDATE SKIP LOCKED), and the
-#   limit rows as JOB_CLAIM, until the statement's transaction commits at once.
-# Indexes: pgqueue_job_pkey (the completions), pgqueue_job_claim and pgqueue_job_gated
-#   (the claim, as JOB_CLAIM).
-# Called by: store.complete_and_claim, from the worker runtime in its steady state (a batch
-#   of successes none of which counts in a limit row).
-JOB_COMPLETE_AND_CLAIM = f"WITH {_COMPLETE},{_CLAIM}{_CLAIM_UPDATE}" + _COMPLETE_AND_CLAIM.format(
-    columns=_CLAIMED_COLUMNS
+# %(now)s. When a limit row applies, the successes are still recorded, nothing is claimed
+# and the switch row says to claim with JOB_CLAIM_LIMITED.
+# Locks: the recorded rows (PK) and the claimed rows (FOR UPDATE SKIP LOCKED), until the
+#   statement's transaction commits at once.
+# Indexes: pgqueue_job_pkey (the completions), pgqueue_job_claim (the claim, one range
+#   scan), pgqueue_limit (the guard).
+# Called by: claim_store.claim_once, from the worker runtime in its steady state while no
+#   limit applies to its queues.
+JOB_COMPLETE_AND_CLAIM = (
+    f"WITH {_COMPLETE},{_CLAIM_ONE_QUEUE}{_PLAIN_UPDATE}"
+    + _COMPLETE_AND_CLAIM
+    + _switch(f"NOT {_NO_LIMITS}", "TRUE, ")
 )
 
 # -- name: JOB_COMPLETE_AND_CLAIM_MANY_QUEUES
 # JOB_COMPLETE_AND_CLAIM for a worker of several queues (the claim of JOB_CLAIM_MANY_QUEUES).
 # Locks: as JOB_COMPLETE_AND_CLAIM.
-# Indexes: pgqueue_job_pkey, pgqueue_job_claim (one range scan per queue).
-# Called by: store.complete_and_claim with more than one queue, from the worker runtime.
+# Indexes: pgqueue_job_pkey, pgqueue_job_claim (one range scan per queue), pgqueue_limit.
+# Called by: claim_store.claim_once with more than one queue.
 JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
+    f"WITH {_COMPLETE},{_CLAIM_MANY_QUEUES}{_PLAIN_UPDATE}"
+    + _COMPLETE_AND_CLAIM
+    + _switch(f"NOT {_NO_LIMITS}", "TRUE, ")
+)
+
+# -- name: JOB_COMPLETE_AND_CLAIM_LIMITED
+# JOB_COMPLETE_MANY and JOB_CLAIM_LIMITED in one statement, for one queue or several.
+# The completions give back no limit rows (one statement cannot both lower and raise a
+# counter): the worker sends only batches without a limited job here.
+# Locks: the recorded rows (PK) and the claimed rows (FOR UPDATE SKIP LOCKED), and the
+#   limit rows as JOB_CLAIM_LIMITED, until the statement's transaction commits at once.
+# Indexes: pgqueue_job_pkey (the completions), pgqueue_job_claim and pgqueue_job_gated
+#   (the claim, as JOB_CLAIM_LIMITED).
+# Called by: claim_store.claim_once, from the worker runtime in its steady state while a
+#   limit applies to its queues (a batch of successes none of which counts in a limit row).
+JOB_COMPLETE_AND_CLAIM_LIMITED = (
     f"WITH {_COMPLETE},{_CLAIM}{_CLAIM_UPDATE}"
-    + _COMPLETE_AND_CLAIM.format(columns=_CLAIMED_COLUMNS)
+    + _COMPLETE_AND_CLAIM
+    + _switch(_NO_LIMITS, "TRUE, ")
 )
 
 # -- name: JOB_FAIL_MANY
@@ -1549,4 +1660,26 @@ fixed AS (
 )
 UPDATE pgqueue_limit l SET running = f.now FROM fixed f WHERE l.id = f.id
 RETURNING l.id, f.was, f.now
+"""
+
+# -- name: LIMIT_DELETE_UNUSED
+# Deletes the limit rows left with nothing to do: no cap, no rate limit, no pause, no
+# running job counted in them, and (a tenant's row) no gated job of their scope left. Once
+# no row applies to a worker's queues its claims are plain again (JOB_CLAIM, the fast path).
+# Returns the ids deleted.
+# Locks: the rows, already held by LIMIT_LOCK_ALL in maintenance's transaction and
+#   re-checked on their newest versions: a claim that would count in one skips it meanwhile
+#   (SKIP LOCKED), an exit's decrement waits (and then finds nothing to give back: the row
+#   counted none), a LIMIT_SET upsert waits and then inserts the scope's row afresh.
+# Index: pgqueue_limit_pkey; pgqueue_job_gated per unlimited tenant row (its queue a range
+#   scan; a tenant-wide row reads the index's tenant column across queues).
+# Called by: limits_store.delete_unused, from maintenance right after LIMIT_RECOUNT.
+LIMIT_DELETE_UNUSED = f"""
+DELETE FROM pgqueue_limit l
+ WHERE NOT {_limiting("l")} AND l.running = 0
+   AND (l.tenant = '' OR NOT EXISTS (
+        SELECT 1 FROM pgqueue_job g
+         WHERE g.tenant = l.tenant AND (l.queue = '' OR g.queue = l.queue)
+           AND g.status = 'queued' AND g.gated))
+RETURNING l.id
 """

@@ -14,27 +14,11 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from . import sql
+from .claim_store import ClaimedJob, claim, complete_and_claim  # noqa: F401 (the claims)
+from .claim_store import complete_params as _complete_params
+from .claim_store import lease as _lease
 from .conf import pgqueue_settings
 from .fairness import fifo_param, statement
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimedJob:
-    """A job as a worker holds it: enough to run it and to fence what it writes back."""
-
-    id: int
-    task: str
-    payload: Any
-    tenant: str
-    queue: str
-    priority: int
-    attempt: int
-    max_attempts: int
-    lease_expires_at: dt.datetime
-    vtime: float
-    timeout: float | None = None  # seconds from the claim (pgqueue.timeouts)
-    #: The pgqueue_limit rows it is counted in (None: none); its exit must decrement them.
-    limit_ids: list[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,91 +101,6 @@ def job_id_for_key(cursor: Any, *, tenant: str, idempotency_key: str) -> int | N
     )
     row = cursor.fetchone()
     return None if row is None else row[0]
-
-
-def _claimed(row: Sequence[Any]) -> ClaimedJob:
-    return ClaimedJob(row[0], row[1], json.loads(row[2]), *row[3:12])
-
-
-def _lease(lease_seconds: float | None) -> float:
-    return float(pgqueue_settings.LEASE_SECONDS if lease_seconds is None else lease_seconds)
-
-
-def _claim_params(
-    worker: str,
-    queues: Sequence[str],
-    limit: int,
-    lease_seconds: float | None,
-    now: dt.datetime | None,
-) -> dict[str, Any]:
-    return {
-        "queues": list(queues),
-        "limit": limit,
-        "worker": worker,
-        "lease": _lease(lease_seconds),
-        "now": now,
-    }
-
-
-def _best_first(jobs: list[ClaimedJob]) -> list[ClaimedJob]:
-    jobs.sort(key=lambda j: (-j.priority, j.vtime, j.id))
-    return jobs
-
-
-def claim(
-    cursor: Any,
-    *,
-    worker: str,
-    queues: Sequence[str],
-    limit: int,
-    lease_seconds: float | None = None,
-    now: dt.datetime | None = None,
-) -> list[ClaimedJob]:
-    """Claim up to ``limit`` runnable jobs (JOB_CLAIM), best first.
-
-    The lease runs from ``now`` (default: the transaction's time), which tests inject.
-    """
-    statement = sql.JOB_CLAIM if len(queues) == 1 else sql.JOB_CLAIM_MANY_QUEUES
-    cursor.execute(statement, _claim_params(worker, queues, limit, lease_seconds, now))
-    return _best_first([_claimed(r) for r in cursor.fetchall()])
-
-
-def complete_and_claim(
-    cursor: Any,
-    *,
-    worker: str,
-    results: Sequence[tuple[int, int, str | None]],
-    queues: Sequence[str],
-    limit: int,
-    lease_seconds: float | None = None,
-    now: dt.datetime | None = None,
-) -> tuple[set[int], list[ClaimedJob]]:
-    """Record successes and claim up to ``limit`` jobs in one statement, both at ``now``.
-
-    Returns the ids recorded (the others were fenced out) and the claimed jobs.
-    """
-    statement = (
-        sql.JOB_COMPLETE_AND_CLAIM if len(queues) == 1 else sql.JOB_COMPLETE_AND_CLAIM_MANY_QUEUES
-    )
-    params = _claim_params(worker, queues, limit, lease_seconds, now)
-    params.update(_complete_params(results))
-    cursor.execute(statement, params)
-    recorded: set[int] = set()
-    claimed: list[ClaimedJob] = []
-    for row in cursor.fetchall():
-        if row[0]:
-            claimed.append(_claimed(row[1:]))
-        else:
-            recorded.add(row[1])
-    return recorded, _best_first(claimed)
-
-
-def _complete_params(results: Sequence[tuple[int, int, str | None]]) -> dict[str, Any]:
-    return {
-        "ids": [r[0] for r in results],
-        "attempts": [r[1] for r in results],
-        "results": [r[2] for r in results],
-    }
 
 
 def complete_many(

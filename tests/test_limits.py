@@ -203,9 +203,9 @@ def test_bad_limits_are_refused_naming_the_field(field, value):
     assert info.value.field == field
 
 
-#: JOB_CLAIM with the limit rows' lock taken out: each claim checks the cap against its own
-#: snapshot of the counter.
-JOB_CLAIM_NO_LIMIT_LOCK = sql.JOB_CLAIM.replace(
+#: JOB_CLAIM_LIMITED with the limit rows' lock taken out: each claim checks the cap against
+#: its own snapshot of the counter.
+JOB_CLAIM_NO_LIMIT_LOCK = sql.JOB_CLAIM_LIMITED.replace(
     "     ORDER BY l.id\n       FOR UPDATE SKIP LOCKED", "     ORDER BY l.id"
 )
 
@@ -228,7 +228,7 @@ def race_claims(statement: str, rounds: int = 20, threads: int = 8) -> int:
             }
             with connection.cursor() as cur:
                 cur.execute(statement, params)
-                return len(cur.fetchall())
+                return sum(1 for row in cur.fetchall() if row[0] is not None)
 
         run_threads(threads, one)
         worst = max(worst, Job.objects.filter(tenant_id="capped", status="running").count())
@@ -242,5 +242,6 @@ def test_racing_claims_never_start_more_than_the_cap():
     """Protection: the claim locks the limit row (FOR UPDATE SKIP LOCKED), which re-reads
     its newest ``running`` before checking the cap. Without that lock (the variant below)
     each claimer trusts its own snapshot and together they start more than the cap."""
-    assert race_claims(sql.JOB_CLAIM) == 3
+    assert JOB_CLAIM_NO_LIMIT_LOCK != sql.JOB_CLAIM_LIMITED
+    assert race_claims(sql.JOB_CLAIM_LIMITED) == 3
     assert race_claims(JOB_CLAIM_NO_LIMIT_LOCK) > 3

@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from django.db import transaction
 
 import pgqueue
-from pgqueue import limits
+from pgqueue import limits, services
 from pgqueue.limit_models import Limit
 from pgqueue.models import Job, JobAttempt
 from tests.workers import wait_for
@@ -32,35 +33,62 @@ def all_done(ids: list[int]) -> bool:
     return Job.objects.filter(id__in=ids, status="done").count() == len(ids)
 
 
+#: Tenants capped at 3 in the exactness test, and the waves of jobs it enqueues (each
+#: capped tenant's jobs per wave).
+CAPPED = ("capped-a", "capped-b", "capped-c")
+WAVES = 6
+WAVE_JOBS = 30
+
+
 @pytest.mark.slow
 def test_a_tenant_cap_of_3_is_never_exceeded_by_8_workers_of_16_threads(workers):
     """Protection: the claim checks ``running < max_running`` on the limit row it locks
-    (FOR UPDATE, re-read at its newest version) and raises the counter in the same
-    statement; every exit lowers it under the same lock. 128 handler threads race for a
-    tenant capped at 3; the attempt history never shows more than 3 of its jobs at once.
+    (FOR UPDATE SKIP LOCKED, re-read at its newest version) and raises the counter in the
+    same statement; every exit lowers it under the same lock. 128 handler threads of 8
+    processes race for three tenants capped at 3 each, and the attempt history never
+    shows more than 3 of a tenant's jobs at once.
+
+    The race has to be frequent for the test to be able to fail: a worker that records a
+    capped job's exit claims in the same transaction, so it refills that slot before any
+    other claim can see it free. So the jobs come in waves, each enqueued in one commit
+    whose wake-up sends all 8 idle workers claiming at the same instant; the capped jobs
+    are very short and interleaved with another tenant's (the slots turn over all the time
+    and claims are small and many: prefetch 0, a short poll). With the ``gate`` CTE's
+    FOR UPDATE SKIP LOCKED removed by hand, each claim checks the cap against its own
+    snapshot of ``running``, and the test failed 3 runs out of 3 (24 of a tenant's jobs at
+    once: 3 per process).
+
     (started_at and finished_at are their transactions' start times: a completion that both
     began and committed inside a claim statement's sub-millisecond window before its lock
-    would show as an overlap the counter never had; not seen in practice.)
-    With the limit-row lock removed by hand this test still passed (real workers' claims
-    met too rarely to overshoot in its run); tests/test_limits.py's
-    test_racing_claims_never_start_more_than_the_cap is the one that fails without it."""
-    limits.set_tenant_limits("capped", max_running=3)
-    # Short jobs of another tenant keep all 8 processes claiming all the time, so claims
-    # that can start a capped job meet each other constantly.
-    capped = pgqueue.enqueue_many("test.sleep", [{"seconds": 0.01}] * 300, tenant="capped")
-    others = pgqueue.enqueue_many("test.noop", [{}] * 1000, tenant="others")
-    others += pgqueue.enqueue_many("test.noop", [{}] * 1000, tenant="others")
-    procs = [workers("--concurrency", "16", "--prefetch", "0", settings=QUICK) for _ in range(8)]
+    would show as an overlap the counter never had; not seen in practice.)"""
+    for tenant in CAPPED:
+        limits.set_tenant_limits(tenant, max_running=3)
+    fast = {"POLL_SECONDS": 0.05, "MAINTENANCE_SECONDS": 0.5}
+    procs = [workers("--concurrency", "16", "--prefetch", "0", settings=fast) for _ in range(8)]
     for p in procs:
         p.registered()
-    wait_for(lambda: all_done(capped + others), 60, "every job to finish")
-    spans = list(
-        JobAttempt.objects.filter(job__tenant_id="capped").values_list("started_at", "finished_at")
-    )
-    assert len(spans) == len(capped)
-    assert max_overlap(spans) <= 3
-    assert max_overlap(spans) >= 1
-    assert Limit.objects.get(tenant="capped").running == 0
+    for _ in range(WAVES):
+        # One commit: its wake-up sends all 8 idle workers claiming at the same instant.
+        with transaction.atomic():
+            ids: list[int] = []
+            for _ in range(WAVE_JOBS // 10):  # interleaved in enqueue order too
+                for tenant in CAPPED:
+                    ids += pgqueue.enqueue_many(
+                        "test.sleep", [{"seconds": 0.003}] * 10, tenant=tenant
+                    )
+                ids += pgqueue.enqueue_many(
+                    "test.sleep", [{"seconds": 0.002}] * 40, tenant="others"
+                )
+        wait_for(lambda ids=ids: all_done(ids), 60, "every job of the wave to finish")
+    for tenant in CAPPED:
+        spans = list(
+            JobAttempt.objects.filter(job__tenant_id=tenant).values_list(
+                "started_at", "finished_at"
+            )
+        )
+        assert len(spans) == WAVES * WAVE_JOBS
+        assert 1 <= max_overlap(spans) <= 3, tenant
+        assert Limit.objects.get(tenant=tenant).running == 0
 
 
 def test_a_paused_queue_starts_nothing_over_several_claims_and_runs_all_on_resume(workers):
@@ -102,3 +130,42 @@ def test_a_killed_workers_capped_slot_comes_back_with_its_lease(workers, tmp_pat
     b = workers("--concurrency", "2", settings=fast, name="B")
     b.registered()
     wait_for(lambda: all_done([after.id]), 30, "the next job once the lease is reaped")
+
+
+def test_a_cancelled_running_job_of_a_capped_tenant_frees_its_slot(workers, tmp_path):
+    """Cancelling a running job (JOB_CANCEL_CONFIRM_MANY, from the worker told of it) gives
+    its slot back (_uncount): the tenant's next gated job starts, with the cap at 1."""
+    limits.set_tenant_limits("t", max_running=1)
+    running = pgqueue.enqueue(
+        "test.until_cancelled", {"observed": str(tmp_path / "observed")}, tenant="t"
+    ).job
+    w = workers("--concurrency", "2", settings=QUICK)
+    w.registered()
+    wait_for(lambda: Job.objects.get(id=running.id).status == "running", 20, "the job to start")
+    after = pgqueue.enqueue("test.noop", {}, tenant="t").job
+    assert Job.objects.get(id=after.id).gated
+    assert Limit.objects.get(tenant="t").running == 1
+    services.cancel(running.id)
+    wait_for(lambda: all_done([after.id]), 20, "the next job once the slot is free")
+    assert Job.objects.get(id=running.id).status == "cancelled"
+    wait_for(lambda: Limit.objects.get(tenant="t").running == 0, 10, "the count back to 0")
+
+
+def test_a_timed_out_job_of_a_capped_tenant_frees_its_slot(workers, tmp_path):
+    """A job the worker times out is recorded failed (JOB_FAIL_MANY), which gives its slot
+    back: the next gated job starts while the timed-out handler is still running."""
+    limits.set_tenant_limits("t", max_running=1)
+    stuck = pgqueue.enqueue(
+        "test.block",
+        {"release": str(tmp_path / "never"), "timeout": 30},
+        tenant="t",
+        timeout=0.5,
+        max_attempts=1,
+    ).job
+    after = pgqueue.enqueue("test.noop", {}, tenant="t").job
+    w = workers("--concurrency", "2", settings=QUICK)
+    w.registered()
+    wait_for(lambda: all_done([after.id]), 20, "the next job once the slot is free")
+    row = Job.objects.get(id=stuck.id)
+    assert (row.status, row.last_error) == ("dead", "timed out after 0.5 s")
+    wait_for(lambda: Limit.objects.get(tenant="t").running == 0, 10, "the count back to 0")

@@ -113,7 +113,8 @@ def recount_limits(cur: Any, *, force: bool = False) -> list[tuple[int, int, int
     """Every LIMITS_RECOUNT_SECONDS: recount each limit row's ``running`` under its lock
     with a fresh snapshot, so a counter can never drift for ever (the claim and every exit
     from running keep it exact; a job lost some other way, a row deleted by hand, would
-    not). Logs each correction at WARNING: one means something bypassed pgqueue."""
+    not). Logs each correction at WARNING: one means something bypassed pgqueue. Then
+    deletes the rows that limit nothing any more and hold nothing back."""
     global _last_recount
     now = time.monotonic()
     if not force and now - _last_recount < float(pgqueue_settings.LIMITS_RECOUNT_SECONDS):
@@ -122,6 +123,10 @@ def recount_limits(cur: Any, *, force: bool = False) -> list[tuple[int, int, int
     fixed = limits_store.recount(cur)
     for row_id, was, count in fixed:
         logger.warning("event=limit_recounted limit=%d was=%d now=%d", row_id, was, count)
+    # Rows left limiting nothing go (under the locks just taken): the claims of queues no
+    # row applies to any more are plain again.
+    for row_id in limits_store.delete_unused(cur):
+        logger.info("event=limit_row_deleted limit=%d reason=unused", row_id)
     return fixed
 
 

@@ -19,13 +19,13 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import psycopg
 
-from .. import limits_store, store
+from .. import store
 from ..conf import pgqueue_settings
 from ..registry import served_names
+from .claiming import Claims
 from .connection import (
     CONNECTION_ERRORS,
     connect,
@@ -91,7 +91,7 @@ class WorkerLoop:
         self.pending: list[HandlerOutcome] = []  # taken from the queue, not yet recorded
         self.claimed_total = 0
         self.limited: set[int] = set()  # ids of jobs in hand counted in limit rows
-        self.token_wait: float | None = None  # seconds to a rate-limited scope's next token
+        self.claims = Claims(self.id, self.queues, self.lease)  # plain, or within limits
         self.tasks = served_names()
         self.recorder = OutcomeRecorder(
             self.id,
@@ -182,9 +182,10 @@ class WorkerLoop:
                 if claimed_all and self._want() > 0:
                     continue  # the batch size capped the claim: more may be waiting now
                 deadline = self.stops.next_deadline(self.in_flight.values()) or next_heartbeat
+                token = self.claims.token_wait  # a rate-limited scope's next token
                 timeout = min(
                     self.poll_every * (0.75 + 0.5 * random.random()),
-                    self.poll_every if self.token_wait is None else self.token_wait + 0.001,
+                    self.poll_every if token is None else token + 0.001,
                     max(0.0, min(next_heartbeat, deadline) - time.monotonic()),
                     max(0.0, next_maintenance - time.monotonic())
                     if not self.stopping.is_set()
@@ -225,7 +226,7 @@ class WorkerLoop:
                 if not fused:
                     recorded = self.recorder.record(cur, self.pending)
                 if want:
-                    recorded_too, claimed = self._claim(cur, want, successes if fused else [])
+                    recorded_too, claimed = self.claims.claim(cur, want, successes if fused else [])
                     recorded |= recorded_too
                 if fused:  # a success the cancel fence refused is recorded cancelled
                     recorded |= self.recorder.cancel_refused(cur, self.pending, recorded)
@@ -251,31 +252,9 @@ class WorkerLoop:
         self.pending = []
         self._dispatch(claimed)
         self._burst_idle = want > 0 and not claimed
-        if want > len(claimed):  # short: a rate limit may hold jobs back; wake for its token
-            with self.db.cursor() as cur:
-                self.token_wait = limits_store.next_token_in(cur, self.queues)
+        with self.db.cursor() as cur:
+            self.claims.short(cur, want, len(claimed))
         return bool(want) and len(claimed) == want
-
-    def _claim(
-        self, cur: Any, want: int, successes: list[tuple[int, int, str | None]]
-    ) -> tuple[set[int], list[store.ClaimedJob]]:
-        """Claim up to ``want`` jobs, recording ``successes`` in the same statement.
-
-        Returns the ids recorded (the others were fenced out) and the jobs claimed.
-        """
-        if successes:
-            return store.complete_and_claim(
-                cur,
-                worker=self.id,
-                results=successes,
-                queues=self.queues,
-                limit=want,
-                lease_seconds=self.lease,
-            )
-        claimed = store.claim(
-            cur, worker=self.id, queues=self.queues, limit=want, lease_seconds=self.lease
-        )
-        return set(), claimed
 
     _released = False
 

@@ -1,0 +1,156 @@
+"""Runs the claim statements of ``pgqueue.sql`` (JOB_CLAIM*, JOB_COMPLETE_AND_CLAIM*).
+
+Two claims: the plain one (JOB_CLAIM, JOB_COMPLETE_AND_CLAIM and their several-queue
+forms), the claim of before limits existed, which costs what it always did; and the
+limited one (JOB_CLAIM_LIMITED, JOB_COMPLETE_AND_CLAIM_LIMITED), which counts the jobs it
+starts in their limit rows under the rows' locks. Each checks once, in its own snapshot,
+whether a limit row applies to the queues, and when it is the wrong one for that it says so
+(a row of NULLs): the plain claim then claims nothing, the limited one claims as usual.
+``claim_once`` runs one and reports the switch; ``claim`` and ``complete_and_claim`` (what
+``pgqueue.store`` offers) start plain and follow a switch at once, so they are always right.
+
+As ``pgqueue.store``, each function takes an open DB-API cursor; transactions are the
+caller's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from . import sql
+from .conf import pgqueue_settings
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job as a worker holds it: enough to run it and to fence what it writes back."""
+
+    id: int
+    task: str
+    payload: Any
+    tenant: str
+    queue: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    lease_expires_at: dt.datetime
+    vtime: float
+    timeout: float | None = None  # seconds from the claim (pgqueue.timeouts)
+    #: The pgqueue_limit rows it is counted in (None: none); its exit must decrement them.
+    limit_ids: list[int] | None = None
+
+
+class Claim(NamedTuple):
+    """What one claim statement did."""
+
+    jobs: list[ClaimedJob]  # best first
+    recorded: set[int]  # the successes recorded (fused statements), the others fenced out
+    #: The statement was the wrong one for these queues now: a limit row applies (after a
+    #: plain claim, which then claimed nothing) or none does (after a limited one).
+    switch: bool
+
+
+def lease(lease_seconds: float | None) -> float:
+    return float(pgqueue_settings.LEASE_SECONDS if lease_seconds is None else lease_seconds)
+
+
+def complete_params(results: Sequence[tuple[int, int, str | None]]) -> dict[str, Any]:
+    return {
+        "ids": [r[0] for r in results],
+        "attempts": [r[1] for r in results],
+        "results": [r[2] for r in results],
+    }
+
+
+def _statement(fused: bool, limited: bool, many: bool) -> str:
+    if limited:
+        return sql.JOB_COMPLETE_AND_CLAIM_LIMITED if fused else sql.JOB_CLAIM_LIMITED
+    if fused:
+        return sql.JOB_COMPLETE_AND_CLAIM_MANY_QUEUES if many else sql.JOB_COMPLETE_AND_CLAIM
+    return sql.JOB_CLAIM_MANY_QUEUES if many else sql.JOB_CLAIM
+
+
+def claim_once(
+    cursor: Any,
+    *,
+    worker: str,
+    queues: Sequence[str],
+    limit: int,
+    limited: bool,
+    results: Sequence[tuple[int, int, str | None]] = (),
+    lease_seconds: float | None = None,
+    now: dt.datetime | None = None,
+) -> Claim:
+    """One claim statement, plain or ``limited``, recording ``results`` (successes) in it
+    too when there are any: one round trip. The lease runs from ``now`` (default: the
+    transaction's time), which tests inject."""
+    params: dict[str, Any] = {
+        "queues": list(queues),
+        "limit": limit,
+        "worker": worker,
+        "lease": lease(lease_seconds),
+        "now": now,
+    }
+    fused = bool(results)
+    if fused:
+        params.update(complete_params(results))
+    cursor.execute(_statement(fused, limited, len(queues) > 1), params)
+    jobs: list[ClaimedJob] = []
+    recorded: set[int] = set()
+    switch = False
+    for row in cursor.fetchall():
+        if fused:
+            if not row[0]:
+                recorded.add(row[1])
+                continue
+            row = row[1:]
+        if row[0] is None:
+            switch = True
+        else:
+            jobs.append(ClaimedJob(row[0], row[1], json.loads(row[2]), *row[3:12]))
+    jobs.sort(key=lambda j: (-j.priority, j.vtime, j.id))
+    return Claim(jobs, recorded, switch)
+
+
+def claim(
+    cursor: Any,
+    *,
+    worker: str,
+    queues: Sequence[str],
+    limit: int,
+    lease_seconds: float | None = None,
+    now: dt.datetime | None = None,
+) -> list[ClaimedJob]:
+    """Claim up to ``limit`` runnable jobs, best first: the plain claim, then the limited
+    one if a limit row applies (a second round trip only then)."""
+    args = {"worker": worker, "queues": queues, "limit": limit}
+    args.update(lease_seconds=lease_seconds, now=now)
+    first = claim_once(cursor, limited=False, **args)
+    return claim_once(cursor, limited=True, **args).jobs if first.switch else first.jobs
+
+
+def complete_and_claim(
+    cursor: Any,
+    *,
+    worker: str,
+    results: Sequence[tuple[int, int, str | None]],
+    queues: Sequence[str],
+    limit: int,
+    lease_seconds: float | None = None,
+    now: dt.datetime | None = None,
+) -> tuple[set[int], list[ClaimedJob]]:
+    """Record successes and claim up to ``limit`` jobs in one statement, both at ``now``;
+    if a limit row applies, the limited claim follows in a statement of its own.
+
+    Returns the ids recorded (the others were fenced out) and the claimed jobs.
+    """
+    args = {"worker": worker, "queues": queues, "limit": limit}
+    args.update(lease_seconds=lease_seconds, now=now)
+    first = claim_once(cursor, limited=False, results=results, **args)
+    if not first.switch:
+        return first.recorded, first.jobs
+    return first.recorded, claim_once(cursor, limited=True, **args).jobs

@@ -1,0 +1,138 @@
+"""The two claims: the plain one while no limit row applies to the queues (the fast path),
+the limited one while one does, and the switch between them (claim_store, worker/claiming)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+import pgqueue
+from pgqueue import claim_store, limits
+from pgqueue.limit_models import Limit
+from pgqueue.models import Job
+from pgqueue.worker.claiming import Claims
+from pgqueue.worker.maintenance import recount_limits
+
+pytestmark = pytest.mark.django_db
+
+
+def enqueue(n: int, tenant: str, queue: str = "default") -> list[int]:
+    return pgqueue.enqueue_many("test.noop", [{}] * n, tenant=tenant, queue=queue)
+
+
+def once(limited: bool, queues: tuple[str, ...] = ("default",), limit: int = 10):
+    with connection.cursor() as cur:
+        return claim_store.claim_once(cur, worker="w", queues=queues, limit=limit, limited=limited)
+
+
+@pytest.mark.parametrize("queues", [("default",), ("default", "other")])
+def test_with_no_limit_row_the_plain_claim_claims_and_stays_plain(queues):
+    ids = enqueue(3, "a")
+    got = once(False, queues)
+    assert (sorted(j.id for j in got.jobs), got.switch) == (sorted(ids), False)
+    assert all(j.limit_ids is None for j in got.jobs)
+
+
+@pytest.mark.parametrize("queues", [("default",), ("default", "other")])
+def test_a_limit_row_makes_the_plain_claim_claim_nothing_and_switch(queues):
+    """Any tenant-wide row applies to every queue: even a tenant with no job here sends
+    the claim to the limited statement, which then counts what it starts."""
+    enqueue(3, "a")
+    limits.set_tenant_limits("b", max_running=1)
+    got = once(False, queues)
+    assert (got.jobs, got.switch) == ([], True)
+    assert Job.objects.filter(status="running").count() == 0
+    limited = once(True, queues)
+    assert (len(limited.jobs), limited.switch) == (3, False)
+
+
+def test_a_queue_limit_elsewhere_keeps_this_queues_claims_plain():
+    enqueue(2, "a")
+    limits.set_queue_limits("elsewhere", max_running=1)
+    got = once(False)
+    assert (len(got.jobs), got.switch) == (2, False)
+
+
+def test_the_limited_claim_says_when_no_limit_row_applies_any_more():
+    enqueue(2, "a")
+    got = once(True)
+    assert (len(got.jobs), got.switch) == (2, True)
+
+
+def test_the_fused_plain_claim_records_the_successes_even_when_it_switches():
+    done, queued = enqueue(1, "a"), enqueue(1, "a")
+    (held,) = once(False, limit=1).jobs
+    limits.set_tenant_limits("b", max_running=1)
+    with connection.cursor() as cur:
+        got = claim_store.claim_once(
+            cur,
+            worker="w",
+            queues=["default"],
+            limit=5,
+            limited=False,
+            results=[(held.id, held.attempt, None)],
+        )
+    assert (got.recorded, got.jobs, got.switch) == ({held.id}, [], True)
+    assert Job.objects.get(id=held.id).status == "done"
+    assert Job.objects.get(id=queued[0]).status == "queued"
+    assert held.id == done[0]
+
+
+def test_the_worker_claims_switch_to_limited_in_the_same_turn_and_back():
+    enqueue(2, "capped")
+    enqueue(2, "free")
+    limits.set_tenant_limits("capped", max_running=1)
+    claims = Claims("w", ["default"], 30.0)
+    with connection.cursor() as cur:
+        _, jobs = claims.claim(cur, 10)
+    assert claims.limited  # the plain claim switched, and the limited one claimed
+    assert sorted(j.tenant for j in jobs) == ["capped", "free", "free"]
+    Job.objects.all().delete()
+    Limit.objects.all().delete()
+    enqueue(1, "free")
+    with connection.cursor() as cur:
+        _, jobs = claims.claim(cur, 10)
+    assert len(jobs) == 1 and not claims.limited  # the next turn is plain again
+
+
+def test_maintenance_deletes_the_rows_left_with_nothing_to_do():
+    """A row that limits nothing goes once it counts no running job and holds back no
+    gated job; then the plain claim is used again."""
+    limits.set_tenant_limits("a", max_running=1)
+    gated = enqueue(2, "a")
+    limits.set_tenant_limits("b", max_running=1)
+    (started,) = once(True).jobs  # a's first job, counted in a's row
+    limits.set_tenant_limits("a", max_running=None)  # ungates a's other job
+    limits.set_tenant_limits("b", max_running=None)
+    with connection.cursor() as cur:
+        recount_limits(cur, force=True)
+    assert list(Limit.objects.values_list("tenant", flat=True)) == ["a"]  # counts a job
+    with connection.cursor() as cur:
+        claim_store.claim_once(
+            cur,
+            worker="w",
+            queues=["default"],
+            limit=1,
+            limited=True,
+            results=[(started.id, started.attempt, None)],
+        )
+        recount_limits(cur, force=True)
+    # The fused limited statement decrements nothing (the worker never sends it a counted
+    # job); the recount puts the counter right, and the row goes.
+    assert not Limit.objects.exists()
+    assert not Job.objects.filter(id__in=gated, status="queued", gated=True).exists()
+    got = once(False)
+    assert not got.switch
+
+
+def test_maintenance_keeps_an_unlimited_row_whose_scope_still_has_gated_jobs():
+    limits.set_tenant_limits("a", max_running=1)
+    ids = enqueue(2, "a")
+    Limit.objects.filter(tenant="a").update(max_running=None)  # as if the ungating had stopped
+    with connection.cursor() as cur:
+        recount_limits(cur, force=True)
+    assert Limit.objects.filter(tenant="a").exists()
+    assert sorted(j.id for j in once(True).jobs) == sorted(ids)
+    with connection.cursor() as cur:
+        recount_limits(cur, force=True)  # the jobs run, counted in the row: it stays
+    assert Limit.objects.get(tenant="a").running == 2
