@@ -41,6 +41,8 @@ bounded_count (GET /jobs)      ids in pk order, LIMIT COUNT_CAP + 1; past it    
                                TABLE_ROW_ESTIMATE or QUERY_PLAN_ROWS (no row read)
 job_list_page (GET /jobs)      ``id < cursor ORDER BY id DESC LIMIT n`` on the pk;    no**
                                payload/result sizes, loaded only when small
+exported_limits (limit_reads)  LIMIT_ROWS_EXPORTED: pgqueue_limit (a row per limited    no
+                               scope), at most METRICS_LIMIT_SERIES rows
 =============================  =====================================================  ======
 
 ``*``: per tenant asked for (at most ``limit`` for a page of /tenants), its live jobs and
