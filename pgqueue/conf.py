@@ -129,6 +129,10 @@ DEFAULTS: dict[str, Any] = {
     # Most queued jobs one limit change gates or ungates at once (the claim deals with any
     # beyond, each once).
     "LIMITS_GATE_BATCH": 10_000,
+    # Most limit rows (scopes with a cap, a rate limit or a pause) /metrics exports as
+    # pgqueue_limit_* series; past it the queues' rows come first and
+    # pgqueue_limit_scopes still counts them all.
+    "METRICS_LIMIT_SERIES": 500,
 }
 
 #: The statuses RETENTION applies to: those a job leaves only by an operator's retry.

@@ -14,9 +14,11 @@ table grows. The reads are ``pgqueue.reads``'s, which state their costs. In shor
   jobs for their tenant and task, for throughput, failures, shares and run times;
 * ``pgqueue_worker``, which maintenance keeps to the workers seen within a day;
 * the queues with runnable jobs that no live worker serves: one probe of the claim index
-  per queue (``liveness.unserved_queues``).
+  per queue (``liveness.unserved_queues``);
+* the limit rows (``pgqueue_limit``, one per scope an operator limited) of the queues and of
+  the tenants shown, for their running / max_running, rate limits and pauses.
 
-The number of queries is fixed (nine), whatever the number of jobs, tenants or queues.
+The number of queries is fixed (eleven), whatever the number of jobs, tenants or queues.
 The data is gathered by ``dashboard_data`` and drawn by ``pgqueue.chart`` so both can be
 tested without a browser.
 """
@@ -33,7 +35,7 @@ from django.utils import timezone
 from django.utils.formats import number_format
 from django.utils.safestring import mark_safe
 
-from . import liveness, reads
+from . import limit_reads, liveness, reads
 from .chart import throughput_chart_svg
 from .durations import format_seconds
 from .models import Status
@@ -76,13 +78,15 @@ def _queues(now: dt.datetime, using: str | None) -> tuple[dict[str, int], list[d
     by_queue = reads.job_counts(using=using)
     oldest = reads.oldest_runnable(using=using)
     unserved = set(liveness.unserved_queues(now, using=using))
+    limited = {q["name"]: q for q in limit_reads.queue_summaries(counts=by_queue, using=using)}
     totals: dict[str, int] = dict.fromkeys(Status.values, 0)
     for counts in by_queue.values():
         for status, n in counts.items():
             totals[status] = n + totals.get(status, 0)  # a bounded count stays bounded
     queues = []
-    for name in sorted(set(by_queue) | set(oldest)):
+    for name in sorted(set(by_queue) | set(oldest) | set(limited)):
         counts = {**dict.fromkeys(Status.values, 0), **by_queue.get(name, {})}
+        lim = limited.get(name) or {"max_running": None, "rate_limit": None, "paused": False}
         queued_at = oldest.get(name)
         age = max(0.0, (now - queued_at).total_seconds()) if queued_at else None
         queues.append(
@@ -94,9 +98,31 @@ def _queues(now: dt.datetime, using: str | None) -> tuple[dict[str, int], list[d
                 "oldest_age_seconds": age,
                 "oldest_age": format_seconds(age),
                 "unserved": name in unserved,
+                **limit_labels(lim, lim.get("running", counts[Status.RUNNING])),
             }
         )
     return totals, queues
+
+
+def limit_labels(lim: dict[str, Any] | None, running: int) -> dict[str, Any]:
+    """A scope's limits as the page prints them: ``cap_label`` is "running / max_running"
+    (the running count alone without a cap), ``rate_label`` the rate or "—"."""
+    lim = lim or {}
+    max_running = lim.get("max_running")
+    return {
+        "max_running": max_running,
+        "rate_limit": lim.get("rate_limit"),
+        "paused": bool(lim.get("paused")),
+        "cap_label": f"{running} / {max_running}" if max_running is not None else "—",
+        "rate_label": lim.get("rate_limit") or "—",
+    }
+
+
+def _scope_label(lim: dict[str, Any]) -> str:
+    """A tenant's limits in one queue, compactly: "1 / 2, 10/m, paused"."""
+    labels = limit_labels(lim, lim["running"])
+    parts = [labels["cap_label"], lim["rate_limit"] or "", "paused" if lim["paused"] else ""]
+    return ", ".join(p for p in parts if p and p != "—") or "no limit"
 
 
 def _tenants(
@@ -109,12 +135,21 @@ def _tenants(
     whether fair scheduling gives each busy tenant what its weight promises.
     """
     rows, done_total = reads.top_backlogs_with_share(since, until, TOP_TENANTS, using=using)
+    # With the queue-wide rows (a few): one query whether or not any tenant has a backlog.
+    limits = limit_reads.scope_limits([t["name"] for t in rows], queues=True, using=using)
     tenants = []
     for t in rows:
         done = t["done_last_hour"]
+        own = limits.get(("", t["name"]))
+        per_queue = {q: lim for (q, name), lim in sorted(limits.items()) if name == t["name"] and q}
         tenants.append(
             {
                 **t,
+                **limit_labels(own, own["running"] if own else 0),
+                "queue_limits_label": "; ".join(
+                    f"{q}: {_scope_label(lim)}" for q, lim in per_queue.items()
+                ),
+                "queue_paused": any(lim["paused"] for lim in per_queue.values()),
                 "weight_label": f"{t['weight']:g}",
                 "queue_weights_label": ", ".join(
                     f"{q}: {w:g}" for q, w in t["queue_weights"].items()
@@ -166,7 +201,7 @@ def dashboard_data(now: dt.datetime | None = None, *, using: str | None = None) 
     """Everything the page shows, as plain numbers (and a few display strings).
 
     ``now`` is injectable so tests can place attempts in chosen minutes; it defaults to the
-    application's clock. Nine queries, whatever the size of the tables.
+    application's clock. Eleven queries, whatever the size of the tables.
     """
     now = (now or timezone.now()).astimezone(dt.UTC)
     since, until = window(now)

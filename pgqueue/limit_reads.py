@@ -14,9 +14,11 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from django.db import connections
 from django.db.models import Q
 from django.utils import timezone
 
+from . import read_sql
 from .conf import queue_db
 from .limit_models import Limit
 from .models import Job, Status
@@ -53,14 +55,20 @@ def tenant_limits(names: Iterable[str], *, using: str | None = None) -> dict[str
 
 
 def queue_summaries(
-    names: Iterable[str] | None = None, *, using: str | None = None
+    names: Iterable[str] | None = None,
+    *,
+    counts: dict[str, dict[str, int]] | None = None,
+    using: str | None = None,
 ) -> list[dict[str, Any]]:
     """Queues (those with jobs or limits, or those named) with their limits and their
     ``running`` jobs, by name: GET /queues. ``running`` is the queue's counter when it has
-    a cap or a rate (the figure the cap is checked against), else its running jobs."""
+    a cap or a rate (the figure the cap is checked against), else its running jobs.
+
+    ``counts`` is ``reads.job_counts()`` when the caller has read it already (the
+    dashboard, the CLI's ``queues``), so that a page reads the jobs' counts once."""
     from .reads import job_counts
 
-    counts = job_counts(using=using)
+    counts = job_counts(using=using) if counts is None else counts
     rows = {r.queue: r for r in Limit.objects.using(queue_db(using)).filter(tenant="")}
     wanted = sorted(set(counts) | set(rows)) if names is None else sorted(set(names))
     out = []
@@ -70,6 +78,48 @@ def queue_summaries(
         running = row.running if limited else counts.get(name, {}).get(Status.RUNNING, 0)
         out.append({"name": name, **describe(row), "running": running})
     return out
+
+
+def scope_limits(
+    tenants: Iterable[str] = (), *, queues: bool = False, using: str | None = None
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """The limit rows of the tenants named (their own, queue "", and per queue) and, with
+    ``queues``, every queue-wide row (tenant ""), keyed ``(queue, tenant)``: their limits
+    and ``running``, the jobs counted in the row (what its cap is checked against). One
+    read of pgqueue_limit (a row per limited scope), for a page of the admin or the
+    dashboard's tables."""
+    wanted = Q(tenant__in=list(tenants))
+    if queues:
+        wanted |= Q(tenant="")
+    return {
+        (row.queue, row.tenant): {**describe(row), "running": row.running}
+        for row in Limit.objects.using(queue_db(using)).filter(wanted)
+    }
+
+
+def exported_limits(limit: int, *, using: str | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """How many limit rows limit anything, and up to ``limit`` of them (LIMIT_ROWS_EXPORTED:
+    the queues' first), with their ``scope`` ("queue", "tenant" or "queue_tenant"), for
+    the Prometheus gauges. The operator creates these rows, so their number is theirs;
+    ``limit`` (METRICS_LIMIT_SERIES) bounds the series a scrape carries whatever it is."""
+    with connections[queue_db(using)].cursor() as cursor:
+        cursor.execute(read_sql.LIMIT_ROWS_EXPORTED, {"limit": limit})
+        rows = cursor.fetchall()
+    out = []
+    for queue, tenant, max_running, rate_count, rate_seconds, paused, running, _ in rows:
+        scope = "queue_tenant" if queue and tenant else "tenant" if tenant else "queue"
+        out.append(
+            {
+                "scope": scope,
+                "queue": queue,
+                "tenant": tenant,
+                "max_running": max_running,
+                "rate_per_second": None if rate_count is None else rate_count / rate_seconds,
+                "paused": paused,
+                "running": running,
+            }
+        )
+    return (rows[0][-1] if rows else 0), out
 
 
 def waiting_for(job: Job, *, using: str | None = None) -> dict[str, Any]:

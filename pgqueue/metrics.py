@@ -29,8 +29,8 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from . import liveness, reads
-from .conf import queue_db
+from . import limit_reads, liveness, reads
+from .conf import pgqueue_settings, queue_db
 from .models import RUN_TIME_BUCKETS, TaskStat
 
 TOP_TENANTS = 20
@@ -43,10 +43,12 @@ class PgQueueCollector(Collector):
             "Jobs by queue and status (done, dead, cancelled: counted up to COUNT_CAP + 1)",
             labels=["queue", "status"],
         )
-        for queue, statuses in reads.job_counts().items():
+        counts = reads.job_counts()
+        for queue, statuses in counts.items():
             for status, n in statuses.items():
                 jobs.add_metric([queue, status], int(n))
         yield jobs
+        yield from self._limits(counts)
 
         oldest = GaugeMetricFamily(
             "pgqueue_oldest_runnable_age_seconds",
@@ -71,6 +73,52 @@ class PgQueueCollector(Collector):
             "pgqueue_workers_alive", "Workers seen within a lease", value=liveness.workers_alive()
         )
         yield from self._task_stats()
+
+    def _limits(self, counts: dict[str, dict[str, int]]) -> Iterator[GaugeMetricFamily]:
+        """Each limited scope's counter, cap, rate and pause (at most METRICS_LIMIT_SERIES
+        rows: an operator creates them, so their number is bounded here, and
+        ``pgqueue_limit_scopes`` says how many there are), and every queue's pause."""
+        labels = ["scope", "queue", "tenant"]
+        running = GaugeMetricFamily(
+            "pgqueue_limit_running",
+            "Jobs counted in a limited scope now (what its cap is checked against)",
+            labels=labels,
+        )
+        cap = GaugeMetricFamily(
+            "pgqueue_limit_max_running", "A scope's concurrency cap (max_running)", labels=labels
+        )
+        rate = GaugeMetricFamily(
+            "pgqueue_limit_rate_per_second",
+            "A scope's rate limit, in starts per second",
+            labels=labels,
+        )
+        paused = GaugeMetricFamily(
+            "pgqueue_limit_paused", "1 if a scope is paused, else 0", labels=labels
+        )
+        total, rows = limit_reads.exported_limits(int(pgqueue_settings.METRICS_LIMIT_SERIES))
+        for row in rows:
+            key = [row["scope"], row["queue"], row["tenant"]]
+            running.add_metric(key, row["running"])
+            paused.add_metric(key, int(row["paused"]))
+            if row["max_running"] is not None:
+                cap.add_metric(key, row["max_running"])
+            if row["rate_per_second"] is not None:
+                rate.add_metric(key, row["rate_per_second"])
+        yield from (running, cap, rate, paused)
+        yield GaugeMetricFamily(
+            "pgqueue_limit_scopes",
+            "Scopes with a cap, a rate limit or a pause (the pgqueue_limit_* series show at "
+            "most METRICS_LIMIT_SERIES of them)",
+            value=total,
+        )
+        queues = GaugeMetricFamily(
+            "pgqueue_queue_paused",
+            "1 if a queue is paused (for every tenant), else 0",
+            labels=["queue"],
+        )
+        for summary in limit_reads.queue_summaries(counts=counts):
+            queues.add_metric([summary["name"]], int(summary["paused"]))
+        yield queues
 
     def _task_stats(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
         """Outcomes and run time by task, from the totals maintenance keeps (a few rows per

@@ -41,6 +41,8 @@ bounded_count (GET /jobs)      ids in pk order, LIMIT COUNT_CAP + 1; past it    
                                TABLE_ROW_ESTIMATE or QUERY_PLAN_ROWS (no row read)
 job_list_page (GET /jobs)      ``id < cursor ORDER BY id DESC LIMIT n`` on the pk;    no**
                                payload/result sizes, loaded only when small
+exported_limits (limit_reads)  LIMIT_ROWS_EXPORTED: pgqueue_limit (a row per limited    no
+                               scope), at most METRICS_LIMIT_SERIES rows
 =============================  =====================================================  ======
 
 ``*``: per tenant asked for (at most ``limit`` for a page of /tenants), its live jobs and
@@ -250,3 +252,22 @@ QUERY_PLAN_ROWS = "EXPLAIN (FORMAT JSON) "
 # the value's share. SET LOCAL ends with the transaction; it takes no lock. Called by
 # reads._stopping_scans (job_counts, tenant_summaries).
 BOUNDED_COUNT_PLANS = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
+
+# -- name: LIMIT_ROWS_EXPORTED
+# The limit rows that limit anything now (a cap, a rate limit or a pause), at most
+# %(limit)s of them: the queue-wide ones first, then the tenants', then the (queue, tenant)
+# pairs, each by name; with every such row's count (the same on every row) so that a scrape
+# says how many were left out. (queue, tenant, max_running, rate_count, rate_seconds,
+# paused, running, total).
+# Reads: pgqueue_limit whole (one row per scope an operator limited: a small table whose
+#   size does not grow with the jobs). Locks: nothing (a plain snapshot read; the claim's
+#   FOR UPDATE on these rows does not block it).
+# Called by limit_reads.exported_limits for the Prometheus gauges pgqueue_limit_*.
+LIMIT_ROWS_EXPORTED = """
+SELECT queue, tenant, max_running, rate_count, rate_seconds, paused, running,
+       count(*) OVER () AS total
+  FROM pgqueue_limit
+ WHERE max_running IS NOT NULL OR rate_count IS NOT NULL OR paused
+ ORDER BY tenant <> '', queue <> '', queue, tenant
+ LIMIT %(limit)s
+"""

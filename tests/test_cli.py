@@ -45,8 +45,8 @@ pytestmark = pytest.mark.django_db
 
 #: The operators' subcommands (``worker`` is tested with runworker).
 OPERATOR_COMMANDS = ["jobs", "show", "retry", "cancel", "run-now", "tenants", "weight",
-                     "workers", "stats", "periodic", "periodic-enable",
-                     "periodic-disable"]  # fmt: skip
+                     "queues", "limits", "pause", "resume", "workers", "stats", "periodic",
+                     "periodic-enable", "periodic-disable"]  # fmt: skip
 #: A database nothing listens on: the connection is refused at once.
 UNREACHABLE = "postgres://postgres@127.0.0.1:1/nothing"
 
@@ -101,14 +101,16 @@ def test_the_pgqueue_help_lists_the_subcommands_and_the_exit_codes():
     parser = pgqueue_command.Command().create_parser("manage.py", "pgqueue")
     text = " ".join(parser.format_help().split())
     assert base.EXIT_CODES_HELP in text
+    unwrapped = re.sub(r"(\w)- (\w)", r"\1-\2", text)  # argparse wraps lines at hyphens
     for name in OPERATOR_COMMANDS:
-        assert f"`{name}`" in text
+        assert f"`{name}`" in unwrapped
 
 
 def test_the_commands_read_through_reads_and_write_through_services():
     """Like the admin, they never write a row themselves: no statement of their own."""
     for module in ["pgqueue.cli", "pgqueue.cli.base", "pgqueue.cli.output", "pgqueue.cli.jobs",
-                   "pgqueue.cli.tenants", "pgqueue.cli.overview"]:  # fmt: skip
+                   "pgqueue.cli.tenants", "pgqueue.cli.limits",
+                   "pgqueue.cli.overview"]:  # fmt: skip
         imported = pgqueue_imports(module)
         assert not imported & {"pgqueue.sql", "pgqueue.store", "pgqueue.read_sql"}, module
 
@@ -357,10 +359,11 @@ def test_tenants_shows_backlog_and_running_as_get_tenants_does():
     code, out, err = pgq("tenants")
     assert (code, err) == (0, "")
     header, *rows = out.splitlines()
-    assert columns(header) == ["NAME", "WEIGHT", "QUEUE WEIGHTS", "BACKLOG", "RUNNING", "DONE",
-                               "DEAD", "CREATED (UTC)"]  # fmt: skip
+    assert columns(header) == ["NAME", "WEIGHT", "QUEUE WEIGHTS", "BACKLOG", "RUNNING",
+                               "MAX RUNNING", "RATE LIMIT", "PAUSED", "DONE", "DEAD",
+                               "QUEUE LIMITS", "CREATED (UTC)"]  # fmt: skip
     acme_row = next(columns(r) for r in rows if r.startswith("acme "))
-    assert acme_row[:7] == ["acme", "1", "-", "2", "1", "0", "0"]
+    assert acme_row[:11] == ["acme", "1", "-", "2", "1", "-", "-", "no", "0", "0", "-"]
     assert rows[-1] == f"(tenants 1-{from_api['count']} of {from_api['count']})"
 
 

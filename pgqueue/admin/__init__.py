@@ -1,4 +1,4 @@
-"""The Django admin for pgqueue: jobs, tenants, workers, API keys and the dashboard.
+"""The Django admin for pgqueue: jobs, tenants, queues, workers, API keys and the dashboard.
 
 Every state change goes through the service layer (actions and saves call
 ``pgqueue.services``); nothing here writes job rows itself. List pages stay fast on large
@@ -16,7 +16,8 @@ from .dashboard import DashboardAdmin
 from .jobs import JobAdmin
 from .keys import ApiKeyAdmin
 from .periodic import PeriodicScheduleAdmin  # noqa: F401  (registers the schedules' admin)
+from .queues import QueueAdmin
 from .tenants import TenantAdmin
 from .workers import WorkerAdmin
 
-__all__ = ["ApiKeyAdmin", "DashboardAdmin", "JobAdmin", "TenantAdmin", "WorkerAdmin"]
+__all__ = ["ApiKeyAdmin", "DashboardAdmin", "JobAdmin", "QueueAdmin", "TenantAdmin", "WorkerAdmin"]

@@ -19,6 +19,7 @@ from django.utils.html import format_html
 from .. import liveness, services
 from ..conf import queue_db
 from ..durations import format_seconds
+from ..limit_reads import waiting_for
 from ..models import FairClock, Job, JobAttempt, Status, Tenant
 from ..registry import registered_tasks
 from .common import (
@@ -31,6 +32,17 @@ from .common import (
 
 #: The statuses of jobs waiting to run, which a task no worker serves keeps waiting.
 WAITING = (Status.SCHEDULED, Status.QUEUED)
+
+#: What the job page says of each ``waiting_for`` reason.
+WAITING_REASONS = {
+    "backoff": "backoff: its retry is scheduled after a failed attempt",
+    "run_at": "run_at: scheduled for later",
+    "paused": "paused: its queue or tenant is paused",
+    "tenant_cap": "tenant_cap: its tenant runs as many jobs as its cap allows",
+    "queue_cap": "queue_cap: its queue runs as many jobs as its cap allows",
+    "rate_limit": "rate_limit: its queue's or tenant's rate limit has no token now",
+    "turn": "turn: its turn in line",
+}
 
 STATUS_COLOURS = {
     Status.SCHEDULED: "#6c757d",
@@ -184,7 +196,17 @@ class JobAdmin(admin.ModelAdmin):
     fieldsets = [
         (
             None,
-            {"fields": ["id", "task_served", "tenant_name", "queue", "status_badge", "priority"]},
+            {
+                "fields": [
+                    "id",
+                    "task_served",
+                    "tenant_name",
+                    "queue",
+                    "status_badge",
+                    "waiting",
+                    "priority",
+                ]
+            },
         ),
         ("Data", {"fields": ["payload_pretty", "result_pretty", "last_error"]}),
         (
@@ -310,6 +332,19 @@ class JobAdmin(admin.ModelAdmin):
             "no worker serves this task</span>",
             obj.task,
         )
+
+    @admin.display(description="waiting for")
+    def waiting(self, obj: Job) -> str:
+        """Why a queued or scheduled job is not running yet (``limit_reads.waiting_for``, as
+        GET /jobs/<id> says): a few reads of this job's limit rows, and its place in line
+        counted up to COUNT_CAP."""
+        if obj.status not in WAITING:
+            return "—"
+        why = waiting_for(obj, using=obj._state.db or "default")
+        reason = WAITING_REASONS.get(why["waiting_for"], why["waiting_for"] or "—")
+        if why["position"] is not None:
+            return f"{reason} ({why['position']} job(s) ahead of it)"
+        return reason
 
     @admin.display(description="tenant", ordering="tenant_id")
     def tenant_name(self, obj: Job) -> str:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from . import jobs, overview, periodic, tenants
+from . import jobs, limits, overview, periodic, tenants
 from .base import EXIT_CODES_HELP, OperatorCommand
 
 __all__ = ["EXIT_CODES_HELP", "GROUPS", "SUBCOMMANDS", "OperatorCommand"]
 
 #: The modules of subcommands, in the order ``manage.py pgqueue --help`` lists them.
-GROUPS = [jobs, tenants, overview, periodic]
+GROUPS = [jobs, tenants, limits, overview, periodic]
 
 #: name -> command class, every group's.
 SUBCOMMANDS: dict[str, type[BaseCommand]] = {

@@ -23,23 +23,53 @@ def _weights(row: dict[str, Any]) -> str:
     return ", ".join(f"{q}={w:g}" for q, w in sorted(row["queue_weights"].items())) or output.NONE
 
 
-def _tenant_table(rows: Sequence[dict[str, Any]]) -> str:
+def _limits(limits: dict[str, Any]) -> str:
+    """One scope's limits, compactly: ``max 3, 10/m, paused`` (``-``: none)."""
+    parts = []
+    if limits.get("max_running") is not None:
+        parts.append(f"max {limits['max_running']}")
+    if limits.get("rate_limit"):
+        parts.append(limits["rate_limit"])
+    if limits.get("paused"):
+        parts.append("paused")
+    return ", ".join(parts) or output.NONE
+
+
+def _queue_limits(row: dict[str, Any]) -> str:
+    """Per-queue limits: ``reports=[max 1, 10/m; running 1]``."""
+    return (
+        "; ".join(
+            f"{q}=[{_limits(lim)}; running {lim.get('running', 0)}]"
+            for q, lim in sorted(row.get("queue_limits", {}).items())
+        )
+        or output.NONE
+    )
+
+
+def tenant_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Tenants as ``tenants`` prints them: weights, counts, and limits (its own and per
+    queue), as GET /tenants shows them."""
+    none = output.NONE
     return output.table(
-        ["NAME", "WEIGHT", "QUEUE WEIGHTS", "BACKLOG", "RUNNING", "DONE", "DEAD", "CREATED (UTC)"],
+        ["NAME", "WEIGHT", "QUEUE WEIGHTS", "BACKLOG", "RUNNING", "MAX RUNNING", "RATE LIMIT",
+         "PAUSED", "DONE", "DEAD", "QUEUE LIMITS", "CREATED (UTC)"],
         [
-            [r["name"], f"{r['weight']:g}", _weights(r), r["backlog"], r["running"], r["done"],
-             r["dead"], output.when(r["created_at"])]
+            [r["name"], f"{r['weight']:g}", _weights(r), r["backlog"], r["running"],
+             none if r.get("max_running") is None else r["max_running"],
+             r.get("rate_limit") or none, "paused" if r.get("paused") else "no", r["done"],
+             r["dead"], _queue_limits(r), output.when(r["created_at"])]
             for r in rows
         ],
-        right=(1, 3, 4, 5, 6),
+        right=(1, 3, 4, 5, 8, 9),
     )  # fmt: skip
 
 
 class TenantsCommand(OperatorCommand):
     name = "tenants"
     help = (
-        "Tenants by name, with their weights and job counts (backlog = queued + scheduled), "
-        "a page of --limit from --offset."
+        "Tenants by name, with their weights, job counts (backlog = queued + scheduled) and "
+        "limits (max_running, rate limit, pause; per queue too), a page of --limit from "
+        "--offset."
     )
 
     def add_options(self, parser: CommandParser) -> None:
@@ -57,7 +87,7 @@ class TenantsCommand(OperatorCommand):
             if not rows:
                 return "no tenants" if count == 0 else f"no tenants past {offset} (of {count})"
             shown = f"tenants {offset + 1}-{offset + len(rows)} of {count}"
-            return f"{_tenant_table(rows)}\n({shown})"
+            return f"{tenant_table(rows)}\n({shown})"
 
         self.emit(options, document, human)
         return EXIT_OK
@@ -84,7 +114,7 @@ class WeightCommand(OperatorCommand):
         except InvalidJob as exc:
             self.fail(EXIT_USAGE, exc.detail)
         summary = reads.tenant_summaries([tenant], using=self.using)[0]
-        self.emit(options, tenant_document(summary), lambda: _tenant_table([summary]))
+        self.emit(options, tenant_document(summary), lambda: tenant_table([summary]))
         return EXIT_OK
 
 
