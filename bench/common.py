@@ -154,14 +154,14 @@ def scalar(sql: str, params: Any = None) -> Any:
 
 
 def reset_tables() -> None:
-    """Empty pgqueue's tables (jobs, history, tenants, clocks, workers) between runs."""
+    """Empty pgqueue's tables (jobs, history, tenants, clocks, workers, limits) between runs."""
     from django.db import connection
 
     with connection.cursor() as cur:
         cur.execute(
             "TRUNCATE pgqueue_job, pgqueue_job_attempt, pgqueue_fair_clock, "
             "pgqueue_queue_weight, pgqueue_worker, pgqueue_task_stat, pgqueue_stat_mark, "
-            "pgqueue_api_key, pgqueue_tenant RESTART IDENTITY CASCADE"
+            "pgqueue_api_key, pgqueue_tenant, pgqueue_limit RESTART IDENTITY CASCADE"
         )
 
 

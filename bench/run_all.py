@@ -36,6 +36,7 @@ RUNS = [
     ("prefetch", "10. Look-ahead: throughput against small-tenant wait"),
     ("soak", "11. Soak with retention"),
     ("heavy_flood", "12. Heavy flood: long jobs in every slot"),
+    ("limits", "13. Caps and rate limits"),
 ]
 
 

@@ -1,0 +1,412 @@
+"""Caps and rate limits: exact caps, what they cost everyone else, a rate limit's starts.
+
+- Exactness: three tenants capped at 2, 3 and 5 and two uncapped ones, 5 ms jobs
+  (bench.sleep_ms), `manage.py runworker --processes 2 --concurrency 8` (16 threads, more
+  than the caps together, so the caps bind). Each capped tenant's highest concurrency is
+  computed afterwards from its attempts' [started_at, finished_at] intervals by a sweep
+  line (a finish at the same instant as a start counts first), and, as a second measure,
+  sampled while it runs: its jobs in status 'running' in one snapshot, every 10 ms.
+- Cost: no-op jobs of 100 tenants, equal shares, one `runworker --burst --concurrency 8`
+  per run; with 10 of the tenants capped at 2 (their jobs 10% of all: 20 capped slots for
+  8 threads, so the caps are never the bottleneck) against no limit at all, alternated
+  (none, caps, none, caps, ...), medians; jobs/s = jobs / (last finish - first start).
+  Then a huge backlog: one tenant at its cap (cap 1, its one running job a long sleep held
+  by a worker of another queue) with N jobs queued behind the cap (one INSERT ... SELECT
+  generate_series, gated), while 99 tenants' no-op jobs drain, against the same with
+  nothing queued behind the cap; alternated, medians.
+- Rate limit: one tenant limited to "50/s" with a 5,000-job no-op backlog, one worker of 8
+  threads for 10 s (quick: "20/s", 500 jobs, 5 s); starts from the attempts' started_at:
+  per second, per 100 ms (the chart), and the most in any 1 s sliding window, against
+  N + burst (burst = max(1, ceil(N / 10)), the bucket full when the limit is set).
+
+    BENCH_DB=pgq_limitsbench python scripts/with_db.py -- python -m bench.limits [--quick]
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import median, query, reset_tables, scalar, table
+from bench.harness import run_burst, running_worker, start_worker, wait_for
+
+CAPS = {"capped2": 2, "capped3": 3, "capped5": 5}
+FREE = ("free0", "free1")
+TENANTS = 100
+CAPPED_TENANTS = 10
+COST_CAP = 2
+BACKLOG = "backlog"
+HOLD_QUEUE = "hold"
+
+
+def _enqueue(task: str, jobs: dict[str, int], payload: Any = None) -> None:
+    import pgqueue
+
+    for tenant, count in jobs.items():
+        for start in range(0, count, 1000):
+            n = min(1000, count - start)
+            pgqueue.enqueue_many(task, [payload] * n, tenant=tenant)
+
+
+def _set_caps(caps: dict[str, int]) -> None:
+    from pgqueue import limits
+
+    for tenant, cap in caps.items():
+        limits.set_tenant_limits(tenant, max_running=cap)
+
+
+def _vacuum() -> None:
+    query("VACUUM ANALYZE pgqueue_job")
+
+
+def _epochs(sql: str, params: Any = None) -> list[tuple[float, ...]]:
+    return [tuple(float(v) for v in row) for row in query(sql, params)]
+
+
+def sweep_max(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at once; an interval ending where another starts does not
+    overlap it (the slot was given back, then taken)."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(f, -1) for _, f in intervals])
+    best = now = 0
+    for _, step in events:  # at equal times -1 sorts before +1
+        now += step
+        best = max(best, now)
+    return best
+
+
+def max_in_window(starts: list[float], width: float) -> int:
+    """The most of ``starts`` (sorted) in any half-open window [t, t + width)."""
+    return max((bisect.bisect_left(starts, s + width) - i for i, s in enumerate(starts)), default=0)
+
+
+# -- exactness ----------------------------------------------------------------------------
+
+
+def exactness_run(per_tenant: int) -> dict[str, Any]:
+    reset_tables()
+    _set_caps(CAPS)
+    _enqueue("bench.sleep_ms", dict.fromkeys([*CAPS, *FREE], per_tenant), {"ms": 5})
+    _vacuum()
+    sampled = dict.fromkeys(CAPS, 0)
+    samples = 0
+
+    def drained() -> bool:
+        nonlocal samples
+        rows = query(
+            "SELECT tenant, count(*) FILTER (WHERE status = 'running'), "
+            "count(*) FILTER (WHERE status NOT IN ('done', 'dead', 'cancelled')) "
+            "FROM pgqueue_job GROUP BY tenant"
+        )
+        samples += 1
+        for tenant, running, _ in rows:
+            if tenant in sampled:
+                sampled[tenant] = max(sampled[tenant], running)
+        return all(left == 0 for _, _, left in rows)
+
+    started = time.monotonic()
+    with running_worker(8, 2):
+        wait_for(drained, 600, "the capped tenants' jobs", poll=0.01)
+    elapsed = time.monotonic() - started
+    result: dict[str, Any] = {"samples": samples, "seconds": round(elapsed, 2)}
+    for tenant, cap in CAPS.items():
+        intervals = _epochs(
+            "SELECT extract(epoch FROM a.started_at), extract(epoch FROM a.finished_at) "
+            "FROM pgqueue_job_attempt a JOIN pgqueue_job j ON j.id = a.job_id "
+            "WHERE j.tenant = %s",
+            [tenant],
+        )
+        result[tenant] = {
+            "cap": cap,
+            "attempts": len(intervals),
+            "max_concurrent": sweep_max(intervals),  # type: ignore[arg-type]
+            "max_sampled": sampled[tenant],
+        }
+    return result
+
+
+# -- cost ---------------------------------------------------------------------------------
+
+
+def _drain_rate(exclude: str | None = None) -> float:
+    """jobs/s of the burst just run over the done jobs (all but ``exclude``'s)."""
+    ((done, seconds),) = query(
+        "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) "
+        "FROM pgqueue_job WHERE status = 'done' AND tenant <> %s",
+        [exclude or ""],
+    )
+    return done / float(seconds)
+
+
+def cost_run(capped: bool, jobs: int) -> float:
+    reset_tables()
+    names = [f"t{i:02}" for i in range(TENANTS)]
+    if capped:
+        _set_caps(dict.fromkeys(names[:CAPPED_TENANTS], COST_CAP))
+    _enqueue("bench.noop", dict.fromkeys(names, jobs // TENANTS))
+    _vacuum()
+    run_burst(8)
+    left = scalar("SELECT count(*) FROM pgqueue_job WHERE status <> 'done'")
+    if left:
+        raise SystemExit(f"{left} jobs not done after the burst")
+    return _drain_rate()
+
+
+def insert_backlog(rows: int) -> float:
+    """``rows`` queued, gated no-op jobs of BACKLOG in the default queue, in claim order, by
+    one INSERT ... SELECT; seconds taken (VACUUM ANALYZE included)."""
+    started = time.monotonic()
+    query(
+        """
+        INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
+                                 attempts, max_attempts, gated)
+        SELECT 'default', %(tenant)s, 'bench.noop', '{}'::jsonb, 'queued', 0, g::float8,
+               0, 5, TRUE
+          FROM generate_series(1, %(rows)s) g
+        """,
+        {"tenant": BACKLOG, "rows": rows},
+    )
+    _vacuum()
+    return time.monotonic() - started
+
+
+def backlog_run(backlog: int, jobs: int) -> dict[str, Any]:
+    """99 tenants' no-op jobs drained by a burst while BACKLOG, capped at 1, runs one long
+    job (held by a worker of HOLD_QUEUE, killed afterwards) with ``backlog`` jobs behind."""
+    import pgqueue
+
+    reset_tables()
+    _set_caps({BACKLOG: 1})
+    pgqueue.enqueue("bench.sleep_ms", {"ms": 600_000}, tenant=BACKLOG, queue=HOLD_QUEUE)
+    holder = start_worker(["--queues", HOLD_QUEUE, "--concurrency", "1", "--prefetch", "0"])
+    try:
+        wait_for(
+            lambda: (
+                not holder.alive()
+                or scalar("SELECT count(*) FROM pgqueue_job WHERE status = 'running'")
+            ),
+            30,
+            "the backlog tenant's long job to start",
+        )
+        if not holder.alive():
+            raise RuntimeError("the holding worker exited: " + holder.log_tail())
+        insert_s = insert_backlog(backlog) if backlog else 0.0
+        _enqueue("bench.noop", {f"o{i:02}": jobs // (TENANTS - 1) for i in range(TENANTS - 1)})
+        _vacuum()
+        run_burst(8)
+        rate = _drain_rate(exclude=BACKLOG)
+        ((left, queued),) = query(
+            "SELECT count(*) FILTER (WHERE status <> 'done' AND tenant <> %(t)s), "
+            "count(*) FILTER (WHERE status = 'queued' AND tenant = %(t)s) FROM pgqueue_job",
+            {"t": BACKLOG},
+        )
+    finally:
+        holder.kill()
+    if left:
+        raise SystemExit(f"{left} jobs not done after the burst")
+    if queued != backlog:
+        raise SystemExit(f"the capped backlog ran: {queued} of {backlog} left")
+    return {"jobs_per_s": rate, "insert_s": round(insert_s, 1)}
+
+
+# -- rate limit ---------------------------------------------------------------------------
+
+
+def rate_run(count: int, jobs: int, seconds: float) -> dict[str, Any]:
+    reset_tables()
+    from pgqueue import limits
+
+    limits.set_tenant_limits("rated", rate_limit=f"{count}/s")
+    _enqueue("bench.noop", {"rated": jobs})
+    _vacuum()
+    with running_worker(8):
+        time.sleep(seconds)  # the measurement window itself, not a wait for something
+    starts = sorted(
+        s
+        for (s,) in _epochs(
+            "SELECT extract(epoch FROM started_at) FROM pgqueue_job_attempt "
+            "WHERE started_at IS NOT NULL"
+        )
+    )
+    burst = max(1, math.ceil(count / 10))
+    first = starts[0] if starts else 0.0
+    rel = [s - first for s in starts]
+    whole = int(rel[-1]) if rel else 0  # full seconds from the first start
+    per_second = [sum(1 for r in rel if k <= r < k + 1) for k in range(whole)]
+    buckets = [0] * (int(rel[-1] * 10) + 1 if rel else 0)
+    for r in rel:
+        buckets[int(r * 10)] += 1
+    steady = sum(1 for r in rel if 1 <= r < whole) / (whole - 1) if whole > 1 else float("nan")
+    return {
+        "rate": f"{count}/s",
+        "burst": burst,
+        "bound": count + burst,
+        "starts": len(starts),
+        "per_second": per_second,
+        "per_100ms": buckets,
+        "max_1s_window": max_in_window(starts, 1.0),
+        "steady_per_s": steady,
+    }
+
+
+def chart(r: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    buckets = r["per_100ms"]
+    xs = [i / 10 for i in range(len(buckets))]
+    window = [sum(buckets[max(0, i - 9) : i + 1]) for i in range(len(buckets))]
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    ax.bar(xs, buckets, width=0.09, align="edge", color="tab:blue", label="starts per 100 ms")
+    ax.set_xlabel("seconds since the first start")
+    ax.set_ylabel("starts per 100 ms")
+    ax.grid(True, alpha=0.3)
+    right = ax.twinx()
+    right.plot([x + 0.1 for x in xs], window, color="tab:red", label="starts in the last 1 s")
+    count = int(r["rate"].split("/")[0])
+    right.axhline(count, color="grey", linestyle=":", linewidth=1, label=f"limit {r['rate']}")
+    right.axhline(r["bound"], color="tab:red", linestyle="--", linewidth=1, label="limit + burst")
+    right.set_ylabel("starts in the last second")
+    right.set_ylim(0, r["bound"] * 1.3)
+    lines, labels = ax.get_legend_handles_labels()
+    more, more_labels = right.get_legend_handles_labels()
+    ax.legend(lines + more, labels + more_labels, fontsize=8, loc="lower right")
+    ax.set_title(f"Rate limit {r['rate']}: starts of one tenant's backlog, 8 threads")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# -- the section --------------------------------------------------------------------------
+
+
+def run(quick: bool, out_dir: Path) -> dict[str, Any]:
+    exact_jobs, exact_runs = (300, 2) if quick else (2_000, 3)
+    cost_jobs, pairs = (5_000, 2) if quick else (20_000, 3)
+    backlog = 50_000 if quick else 1_000_000
+    rate_count, rate_jobs, rate_s = (20, 500, 5.0) if quick else (50, 5_000, 10.0)
+
+    exact = []
+    for n in range(exact_runs):
+        exact.append(r := exactness_run(exact_jobs))
+        print(
+            f"   exactness run {n + 1}: "
+            + ", ".join(
+                f"{t} max {r[t]['max_concurrent']} (sampled {r[t]['max_sampled']}) of cap {c}"
+                for t, c in CAPS.items()
+            ),
+            flush=True,
+        )
+
+    rates: dict[str, list[float]] = {"none": [], "caps": []}
+    for _ in range(pairs):
+        for variant in ("none", "caps"):
+            rates[variant].append(cost_run(variant == "caps", cost_jobs))
+            print(f"   cost, {variant}: {rates[variant][-1]:,.0f} jobs/s", flush=True)
+    cost_ratio = median(rates["caps"]) / median(rates["none"])
+
+    held: dict[str, list[dict[str, Any]]] = {"empty": [], "backlog": []}
+    for _ in range(2):
+        for variant, n in (("empty", 0), ("backlog", backlog)):
+            held[variant].append(r := backlog_run(n, cost_jobs))
+            print(
+                f"   backlog {n:,}: {r['jobs_per_s']:,.0f} jobs/s (insert {r['insert_s']} s)",
+                flush=True,
+            )
+    held_rates = {k: median([r["jobs_per_s"] for r in v]) for k, v in held.items()}
+    backlog_ratio = held_rates["backlog"] / held_rates["empty"]
+
+    rated = rate_run(rate_count, rate_jobs, rate_s)
+    print(
+        f"   rate {rated['rate']}: {rated['starts']} starts, max {rated['max_1s_window']} in"
+        f" a 1 s window (bound {rated['bound']})",
+        flush=True,
+    )
+    path = out_dir / ("limits-rate-quick.png" if quick else "limits-rate.png")
+    chart(rated, path)
+
+    rows = []
+    for n, r in enumerate(exact, 1):
+        for t, cap in CAPS.items():
+            rows.append([n, t, cap, r[t]["max_concurrent"], r[t]["max_sampled"], r[t]["attempts"]])
+    exact_ok = all(r[t]["max_concurrent"] <= c for r in exact for t, c in CAPS.items())
+    report = "Exactness (2 processes x 8 threads, 5 ms jobs):\n" + table(
+        ["run", "tenant", "cap", "max from history", "max sampled", "attempts"], rows
+    )
+    report += f"\ncaps never exceeded (history): {'yes' if exact_ok else 'NO'}"
+    report += "\n\nCost (no-op jobs, runworker --burst, concurrency 8):\n" + table(
+        ["case", "jobs/s (median)", "runs"],
+        [
+            ["no limits", median(rates["none"]), " ".join(f"{x:,.0f}" for x in rates["none"])],
+            [
+                f"{CAPPED_TENANTS} of {TENANTS} tenants capped at {COST_CAP}",
+                median(rates["caps"]),
+                " ".join(f"{x:,.0f}" for x in rates["caps"]),
+            ],
+            [
+                "1 tenant at cap 1, nothing behind",
+                held_rates["empty"],
+                " ".join(f"{r['jobs_per_s']:,.0f}" for r in held["empty"]),
+            ],
+            [
+                f"1 tenant at cap 1, {backlog:,} behind",
+                held_rates["backlog"],
+                " ".join(f"{r['jobs_per_s']:,.0f}" for r in held["backlog"]),
+            ],
+        ],
+    )
+    report += (
+        f"\ncaps / no limits: {cost_ratio:.2f} (target >= 0.9: "
+        f"{'met' if cost_ratio >= 0.9 else 'NOT met'}); {backlog:,}-job backlog / none: "
+        f"{backlog_ratio:.2f} (target >= 0.9: {'met' if backlog_ratio >= 0.9 else 'NOT met'})"
+    )
+    report += (
+        f"\n\nRate limit {rated['rate']} ({rate_jobs:,} no-op jobs, 1 worker x 8 threads, "
+        f"{rate_s:.0f} s): {rated['starts']} starts; per second: "
+        + " ".join(str(c) for c in rated["per_second"])
+        + f"\nsteady rate after the first second: {rated['steady_per_s']:.1f}/s; most in any "
+        f"1 s window: {rated['max_1s_window']} (bound N + burst = {rated['bound']}: "
+        f"{'met' if rated['max_1s_window'] <= rated['bound'] else 'NOT met'})"
+    )
+    method = (
+        f"Exactness: {exact_jobs:,} jobs of 5 ms for each of 3 capped tenants (caps "
+        f"{', '.join(map(str, CAPS.values()))}) and 2 uncapped ones, runworker --processes 2 "
+        f"--concurrency 8, {exact_runs} runs; max from history = sweep line over the "
+        "attempts' [started_at, finished_at] (the claim's and the recording's transaction "
+        "times), max sampled = its 'running' jobs in one snapshot, every 10 ms. Cost: "
+        f"{cost_jobs:,} no-op jobs of {TENANTS} tenants in equal shares, one runworker --burst "
+        f"--concurrency 8 per run, {CAPPED_TENANTS} tenants (10% of the jobs) capped at "
+        f"{COST_CAP} against none, {pairs} alternated pairs, medians, jobs/s = jobs / (last "
+        f"finish - first start); backlog: {cost_jobs:,} no-op jobs of {TENANTS - 1} tenants "
+        f"while one tenant capped at 1 runs a long job (a worker of another queue holds it) "
+        f"with {backlog:,} gated jobs queued behind its cap (INSERT ... SELECT "
+        "generate_series), against nothing behind it, 2 alternated pairs, medians. Rate: "
+        f"one tenant limited to {rated['rate']}, {rate_jobs:,} no-op jobs, one runworker "
+        f"--concurrency 8 for {rate_s:.0f} s; starts from the attempts' started_at."
+    )
+    return {
+        "title": "Caps and rate limits",
+        "method": method,
+        "report": report,
+        "figures": {
+            "exactness": exact,
+            "caps_never_exceeded": exact_ok,
+            "cost_jobs_per_s": rates,
+            "cost_ratio": cost_ratio,
+            "backlog": backlog,
+            "backlog_runs": held,
+            "backlog_ratio": backlog_ratio,
+            "rate": rated,
+        },
+        "charts": [str(path)],
+    }
+
+
+if __name__ == "__main__":
+    from bench.common import standalone
+
+    standalone(run, __doc__)
