@@ -252,13 +252,19 @@ claim_queues AS MATERIALIZED (
     SELECT name, ord FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)
 ),
 groups AS MATERIALIZED (
-    SELECT q.name AS queue, q.ord, l.tenant, array_agg(l.id ORDER BY l.id) AS ids
-      FROM claim_queues q
-      JOIN pgqueue_limit l ON l.tenant <> '' AND l.queue IN ('', q.name)
-     GROUP BY q.name, q.ord, l.tenant
-    HAVING EXISTS (SELECT 1 FROM pgqueue_job g
-                    WHERE g.queue = q.name AND g.tenant = l.tenant
-                      AND g.status = 'queued' AND g.gated)
+    -- A LATERAL probe with LIMIT 1 per (queue, tenant): an EXISTS here may be planned as
+    -- a hashed SubPlan that reads every gated job of the table, a cost that grows with
+    -- the capped tenants' backlogs (and PostgreSQL drops an EXISTS's LIMIT).
+    SELECT s.queue, s.ord, s.tenant, s.ids
+      FROM (SELECT q.name AS queue, q.ord, l.tenant, array_agg(l.id ORDER BY l.id) AS ids
+              FROM claim_queues q
+              JOIN pgqueue_limit l ON l.tenant <> '' AND l.queue IN ('', q.name)
+             GROUP BY q.name, q.ord, l.tenant) s
+     CROSS JOIN LATERAL (
+           SELECT 1 FROM pgqueue_job g
+            WHERE g.queue = s.queue AND g.tenant = s.tenant
+              AND g.status = 'queued' AND g.gated
+            LIMIT 1) has_gated
 ),
 gate AS MATERIALIZED (
     SELECT l.id, l.queue, l.tenant, {_FREE} AS free, {_TOKENS} AS avail
