@@ -171,6 +171,7 @@ def claim_plan() -> str:
     with connection.cursor() as cur:
         cur.execute(
             "EXPLAIN SELECT id FROM pgqueue_job WHERE queue = 'default' AND status = 'queued' "
+            "AND NOT gated "
             "ORDER BY priority DESC, vtime, id LIMIT 1 FOR UPDATE SKIP LOCKED"
         )
         plan = [r[0] for r in cur.fetchall()]

@@ -65,17 +65,22 @@ SELECT reltuples::bigint FROM pg_class WHERE oid = %(table)s::regclass
 
 # The tenants with the largest runnable backlog (queued + scheduled), at most %(limit)s,
 # largest first, then by name. Used by both TENANT_BACKLOG_TOP statements.
-# Reads the queued and scheduled rows only, through a BitmapOr of the partial indexes
-# pgqueue_job_claim and pgqueue_job_scheduled. Written as OR on purpose: the planner matches
-# partial indexes to the arms of an OR, not to an IN list, which would scan the whole table.
+# Reads the queued and scheduled rows only: one arm per partial index (pgqueue_job_claim:
+# queued, not gated; pgqueue_job_gated; pgqueue_job_scheduled). One filter over the three
+# (an IN list, or an OR grouped by tenant) lets the planner walk pgqueue_job_tenant_status,
+# an index of every job, for its tenant order: a million finished jobs read for a handful
+# of live ones (tests/test_bounded_reads.py catches it).
 _TENANT_BACKLOG = """
 backlog AS (
     SELECT tenant,
-           count(*) FILTER (WHERE status = 'queued') AS queued,
-           count(*) FILTER (WHERE status = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE live.status = 'queued') AS queued,
+           count(*) FILTER (WHERE live.status = 'scheduled') AS scheduled,
            count(*) AS backlog
-      FROM pgqueue_job
-     WHERE status = 'queued' OR status = 'scheduled'
+      FROM (SELECT tenant, status FROM pgqueue_job WHERE status = 'queued' AND NOT gated
+            UNION ALL
+            SELECT tenant, status FROM pgqueue_job WHERE status = 'queued' AND gated
+            UNION ALL
+            SELECT tenant, status FROM pgqueue_job WHERE status = 'scheduled') live
      GROUP BY tenant
      ORDER BY backlog DESC, tenant
      LIMIT %(limit)s
@@ -133,10 +138,11 @@ SELECT b.tenant, b.queued, b.scheduled, b.backlog, t.weight,
 # filter and worker list.
 QUEUE_UNSERVED = """
 WITH RECURSIVE runnable(queue) AS (
-    (SELECT queue FROM pgqueue_job WHERE status = 'queued' ORDER BY queue LIMIT 1)
+    (SELECT queue FROM pgqueue_job WHERE status = 'queued' AND NOT gated
+      ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT (SELECT j.queue FROM pgqueue_job j
-             WHERE j.status = 'queued' AND j.queue > r.queue
+             WHERE j.status = 'queued' AND NOT j.gated AND j.queue > r.queue
              ORDER BY j.queue LIMIT 1)
       FROM runnable r
      WHERE r.queue IS NOT NULL
@@ -178,7 +184,10 @@ SELECT t.task
 # counted up to %(bound)s rows and no further (n = %(bound)s means "at least that many").
 # Reads, under BOUNDED_COUNT_PLANS:
 #   - live rows only, one arm per status so that each matches its partial index:
-#     pgqueue_job_claim (queued; an index-only scan, queue leads it), pgqueue_job_scheduled
+#     queued ones through pgqueue_job_claim (not gated) and pgqueue_job_gated (gated), a
+#     BitmapOr of the two (the claim index holds only ungated jobs, so a bare
+#     ``status = 'queued'`` matches neither and reads an index of every job);
+#     pgqueue_job_scheduled
 #     and pgqueue_job_lease (their rows, for the queue). A single ``status IN (…)`` would
 #     match none of them and scan the table;
 #   - finished rows through the partial index pgqueue_job_finished_queue (queue, status): the
@@ -198,7 +207,9 @@ WITH RECURSIVE finished(queue) AS (
       FROM finished f
      WHERE f.queue IS NOT NULL
 )
-SELECT queue, 'queued', count(*) FROM pgqueue_job WHERE status = 'queued' GROUP BY queue
+SELECT queue, 'queued', count(*) FROM pgqueue_job
+ WHERE (status = 'queued' AND NOT gated) OR (status = 'queued' AND gated)
+ GROUP BY queue
 UNION ALL
 SELECT queue, 'scheduled', count(*) FROM pgqueue_job WHERE status = 'scheduled' GROUP BY queue
 UNION ALL

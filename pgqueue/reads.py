@@ -146,12 +146,14 @@ def capped(counts: dict[str, int]) -> list[str]:
 def oldest_runnable(*, using: str | None = None) -> dict[str, dt.datetime]:
     """When the oldest queued job of each queue became runnable (its ``run_at``).
 
-    The queued rows only, which the partial index pgqueue_job_claim covers: bounded by the
-    runnable backlog, not by the history.
+    The queued rows only, which the partial indexes pgqueue_job_claim and pgqueue_job_gated
+    cover: bounded by the runnable backlog, not by the history.
     """
     rows = (
         Job.objects.using(queue_db(using))
-        .filter(status=Status.QUEUED)
+        # One arm per partial index (pgqueue_job_claim: not gated; pgqueue_job_gated): a bare
+        # status filter matches neither and reads an index of every job.
+        .filter(Q(status=Status.QUEUED, gated=False) | Q(status=Status.QUEUED, gated=True))
         .values("queue")
         .annotate(oldest=Min("run_at"))
         .values_list("queue", "oldest")
