@@ -184,9 +184,10 @@ SELECT t.task
 # counted up to %(bound)s rows and no further (n = %(bound)s means "at least that many").
 # Reads, under BOUNDED_COUNT_PLANS:
 #   - live rows only, one arm per status so that each matches its partial index:
-#     queued ones through pgqueue_job_claim (not gated) and pgqueue_job_gated (gated), a
-#     BitmapOr of the two (the claim index holds only ungated jobs, so a bare
-#     ``status = 'queued'`` matches neither and reads an index of every job);
+#     queued ones through pgqueue_job_claim (not gated) and pgqueue_job_gated (gated), an
+#     arm each (the claim index holds only ungated jobs, so a bare ``status = 'queued'``
+#     matches neither and reads an index of every job; an OR of the two would need a
+#     bitmap scan, which BOUNDED_COUNT_PLANS turns off);
 #     pgqueue_job_scheduled
 #     and pgqueue_job_lease (their rows, for the queue). A single ``status IN (…)`` would
 #     match none of them and scan the table;
@@ -207,8 +208,10 @@ WITH RECURSIVE finished(queue) AS (
       FROM finished f
      WHERE f.queue IS NOT NULL
 )
-SELECT queue, 'queued', count(*) FROM pgqueue_job
- WHERE (status = 'queued' AND NOT gated) OR (status = 'queued' AND gated)
+SELECT queue, 'queued', count(*)
+  FROM (SELECT queue FROM pgqueue_job WHERE status = 'queued' AND NOT gated
+        UNION ALL
+        SELECT queue FROM pgqueue_job WHERE status = 'queued' AND gated) queued
  GROUP BY queue
 UNION ALL
 SELECT queue, 'scheduled', count(*) FROM pgqueue_job WHERE status = 'scheduled' GROUP BY queue
