@@ -7,7 +7,8 @@ partial indexes and CHECK constraints those statements rely on.
 
 from __future__ import annotations
 
-from django.contrib.postgres.fields import ArrayField
+from typing import Any
+
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -21,6 +22,18 @@ NAME_MAX = 64
 MIN_WEIGHT = 0.001
 MAX_WEIGHT = 1000.0
 _WEIGHT_IN_RANGE = Q(weight__gte=MIN_WEIGHT, weight__lte=MAX_WEIGHT)
+
+
+class BigIntArrayField(models.Field):
+    """A ``bigint[]`` column, written and read only by pgqueue's own SQL (``limit_ids``).
+
+    Not ``django.contrib.postgres``'s ArrayField: that one makes every project add
+    ``django.contrib.postgres`` to INSTALLED_APPS (postgres.E005 on Django 6), for a column
+    no form or lookup ever touches. psycopg reads and writes Python lists as arrays itself.
+    """
+
+    def db_type(self, connection: Any) -> str:
+        return "bigint[]"
 
 
 class Status(models.TextChoices):
@@ -150,7 +163,7 @@ class Job(models.Model):
     # Queued behind a tenant's limits (pgqueue.limits): out of the claim index.
     gated = models.BooleanField(default=False, db_default=False)
     # While running: the pgqueue_limit rows it is counted in (each exit decrements them).
-    limit_ids = ArrayField(models.BigIntegerField(), null=True, blank=True)
+    limit_ids = BigIntArrayField(null=True, blank=True)
 
     class Meta:
         db_table = "pgqueue_job"
