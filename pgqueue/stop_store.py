@@ -30,31 +30,6 @@ def request_cancel_many(cursor: Any, ids: Sequence[int]) -> list[int]:
     return [row[0] for row in cursor.fetchall()]
 
 
-def heartbeat_flags(
-    cursor: Any,
-    *,
-    worker: str,
-    held: Sequence[tuple[int, int]],
-    lease_seconds: float,
-    now: dt.datetime | None = None,
-) -> dict[int, bool]:
-    """JOB_HEARTBEAT_MANY: ``{job id still held: whether its cancellation was requested}``.
-
-    ``store.heartbeat_many`` runs the same statement and keeps the ids only.
-    """
-    cursor.execute(
-        sql.JOB_HEARTBEAT_MANY,
-        {
-            "worker": worker,
-            "ids": [h[0] for h in held],
-            "attempts": [h[1] for h in held],
-            "lease": float(lease_seconds),
-            "now": now,
-        },
-    )
-    return {row[0]: bool(row[1]) for row in cursor.fetchall()}
-
-
 def confirm_cancel_many(
     cursor: Any,
     *,

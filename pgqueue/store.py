@@ -143,17 +143,16 @@ def fail_many(
     return {row[0]: row[1] for row in cursor.fetchall()}
 
 
-def heartbeat_many(
+def heartbeat_flags(
     cursor: Any,
     *,
     worker: str,
     held: Sequence[tuple[int, int]],
     lease_seconds: float | None = None,
     now: dt.datetime | None = None,
-) -> set[int]:
-    """Extend the leases of ``(job id, attempt)`` pairs to ``now`` + the lease.
-
-    Returns the ids still held.
+) -> dict[int, bool]:
+    """Extend the leases of ``(job id, attempt)`` pairs to ``now`` + the lease
+    (JOB_HEARTBEAT_MANY): ``{job id still held: whether its cancellation was requested}``.
     """
     cursor.execute(
         sql.JOB_HEARTBEAT_MANY,
@@ -165,7 +164,21 @@ def heartbeat_many(
             "now": now,
         },
     )
-    return set(_ids(cursor.fetchall()))
+    return {row[0]: bool(row[1]) for row in cursor.fetchall()}
+
+
+def heartbeat_many(
+    cursor: Any,
+    *,
+    worker: str,
+    held: Sequence[tuple[int, int]],
+    lease_seconds: float | None = None,
+    now: dt.datetime | None = None,
+) -> set[int]:
+    """``heartbeat_flags``, the ids still held only."""
+    return set(
+        heartbeat_flags(cursor, worker=worker, held=held, lease_seconds=lease_seconds, now=now)
+    )
 
 
 def reap_expired(

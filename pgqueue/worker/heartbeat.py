@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import psycopg
 
-from .. import stop_store
+from .. import store
 from .context import JobContext
 
 logger = logging.getLogger("pgqueue.worker")
@@ -64,7 +64,7 @@ class Heartbeats:
         held = [(c.id, c.attempt) for c in contexts if not c.lost and not c.settled]
         held += list(others)
         with db.cursor() as cur:
-            kept = stop_store.heartbeat_flags(
+            kept = store.heartbeat_flags(
                 cur, worker=self.worker_id, held=held, lease_seconds=self.lease_seconds
             )
         for ctx in contexts:
