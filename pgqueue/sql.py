@@ -25,6 +25,17 @@ from .fairness import charge_units, job_vtime, level_head, run_time_charge, tena
 
 NOW = "COALESCE(%(now)s::timestamptz, now())"
 
+#: A claim's LIMIT: an InitPlan, not the parameter itself, so that a custom plan estimates
+#: the rows as a generic one does and PostgreSQL settles on the generic plan of a prepared
+#: claim after five runs, instead of planning every claim again (about as long as running
+#: it). The statements join their job rows by id (BY_ID) so that the generic plan is an
+#: index lookup per job whatever the estimates.
+CLAIM_LIMIT = "(SELECT %(limit)s::int)"
+#: The limited claim's queues, likewise: a custom plan does not count them either.
+CLAIM_QUEUES = "(SELECT %(queues)s::text[])"
+#: The comment beside a BY_ID condition.
+BY_ID = "the same as the join: a pgqueue_job_pkey lookup in any plan"
+
 #: Full-jitter exponential backoff, in seconds, for a job's ``attempts`` so far.
 BACKOFF = (
     "random() * LEAST(%(backoff_cap)s::float8, "
@@ -216,80 +227,91 @@ UPDATE pgqueue_fair_clock
 _TOKENS = f"""LEAST(GREATEST(1, ceil(l.rate_count / 10.0)), l.tokens
         + GREATEST(extract(epoch FROM {NOW} - COALESCE(l.refilled_at, {NOW})), 0)
           * l.rate_count / l.rate_seconds)"""
-#: The starts a limit row ``l`` allows now, at most %(limit)s: 0 when paused.
-_FREE = f"""CASE WHEN l.paused THEN 0 ELSE GREATEST(LEAST(
-        COALESCE(l.max_running - l.running, %(limit)s),
+
+
+def _free(given: str) -> str:
+    """SQL: the starts a limit row ``l`` allows now, at most %(limit)s (0 when paused),
+    counting as free the ``given`` slots (an expression: the row's running jobs that the
+    same statement records as finished)."""
+    return f"""CASE WHEN l.paused THEN 0 ELSE GREATEST(LEAST(
+        COALESCE(l.max_running - l.running + {given}, %(limit)s),
         CASE WHEN l.rate_count IS NULL THEN %(limit)s ELSE floor({_TOKENS})::int END,
         %(limit)s), 0) END"""
 
-# The claim's CTEs end in ``picked`` (the jobs to lease, with the limit rows each counts
-# in) and ``counted`` (those rows' counters raised, their tokens spent); see
-# JOB_CLAIM_LIMITED. One shape for one queue or several: each queue offers its best jobs
-# and they are interleaved rank by rank (priority first), because vtimes of different
-# queues are not comparable; with one queue that is plain (priority DESC, vtime, id) order.
-# - ``groups``: the limited (queue, tenant) pairs that have gated jobs, each with the limit
-#   rows that apply to it (the tenant's, the tenant's in that queue). A tenant with no
-#   gated job in these queues costs one probe of pgqueue_job_gated.
-# - ``gate``: those rows and the queues' own limiting rows, locked in id order (the order
-#   of every decrement too, so claims and exits never deadlock), SKIP LOCKED (a row another
-#   claim holds is skipped this once: still exact, never waiting), and only those with
-#   room now. In READ COMMITTED a row changed since the snapshot is re-read at its newest
-#   version before the lock is granted, and ``free`` is evaluated on that version: the
-#   truth, not the snapshot (a count(*) of running jobs here would overshoot).
-# - ``budget``: per queue, the starts its own limits allow now (0 when paused, at its cap,
-#   out of tokens, or when another claim holds its row this instant).
-# - ``open_jobs``: the ungated scan, as before, LIMIT the queue's budget. A job of a tenant
-#   limited since it was queued (``stale``) is gated instead of run (it is locked already):
-#   each such job is seen once.
-# - ``gated_jobs``: each group whose rows all have room takes its next jobs from
-#   pgqueue_job_gated, LIMIT that room: a capped tenant is skipped without reading its
-#   backlog.
-# - ``fits``: a candidate stays if, in every limit row it counts in, its rank among the
-#   candidates is within that row's room (a tenant-wide row is shared by the queues).
-#   Keeping the best %(limit)s of those never exceeds any row's room.
+
+def _returned(rows: str | None) -> str:
+    """The limited claim's first CTEs: the slots that the jobs of ``rows`` (a CTE of jobs
+    leaving 'running' in the same statement, returning their ``limit_ids``; None: none)
+    give back, per limit row, and those rows locked in id order, waiting (a decrement is
+    never skipped), before any other limit row is locked (see _CLAIM)."""
+    if rows is None:
+        return """
+returned_lock AS (SELECT NULL::bigint AS id, NULL::bigint AS n WHERE FALSE),"""
+    return f"""
+returned AS MATERIALIZED (
+    SELECT u.lid, count(*) AS n
+      FROM {rows} r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid) GROUP BY u.lid
+),
+returned_lock AS MATERIALIZED (
+    SELECT l.id, r.n FROM pgqueue_limit l JOIN returned r ON r.lid = l.id
+     ORDER BY l.id FOR UPDATE OF l
+),"""
+
+
+# The limited claim's CTEs (after _returned), ending in ``final`` (the jobs to lease, with
+# the limit rows each counts in) and ``counted`` (each such row's counter moved by the jobs
+# it starts less those it gives back, its tokens spent); see JOB_CLAIM_LIMITED. One shape
+# for one queue or several: each queue offers its best jobs and they are interleaved rank
+# by rank (priority first), because vtimes of different queues are not comparable; with one
+# queue that is plain (priority DESC, vtime, id) order. Choose first, from the snapshot,
+# and lock and check only what was chosen:
+# - ``lim``: the limit rows that limit something in these queues (a tenant's, a tenant's in
+#   one of them, a queue's own), with their room in the snapshot (the slots given back in
+#   this statement counted free): a hint, checked under the rows' locks below. It reads
+#   ``returned_lock``, so every waiting lock is taken before the first SKIP LOCKED one.
+# - ``budget``: per queue, the starts its own row allows (none: %(limit)s).
+# - ``groups``: the limited (queue, tenant) pairs, each with its rows and its room (the
+#   least of theirs and the queue's).
+# - ``open_jobs``: the ungated scan of the plain claim, LIMIT the queue's budget, locked
+#   SKIP LOCKED. A job of a tenant limited since it was queued (``stale``: its pair is in
+#   ``groups``) is gated instead of run (it is locked already): each is seen once.
+# - ``gated_jobs``: each group with room offers its next jobs of pgqueue_job_gated, LIMIT
+#   that room, unlocked: a capped tenant (room 0) is skipped without reading its backlog.
+# - ``picked``: the best %(limit)s candidates whose rank in each of their rows is within the
+#   row's room in the snapshot (a tenant-wide row is shared by the queues).
+# - ``gated_locked``: the gated jobs picked, locked now, SKIP LOCKED, and still queued at
+#   their newest version (READ COMMITTED re-reads a row changed since the snapshot).
+# - ``row_lock``: the rows the held picks count in, locked in id order, SKIP LOCKED (a row
+#   another claim holds is left this once: still exact, never waiting). Each is re-read at
+#   its newest version before the lock is granted and ``free`` is evaluated on that
+#   version: the truth, not the snapshot (a count(*) of running jobs would overshoot).
+# - ``final``: the held picks whose rank in each of their rows is within its true room.
 _CLAIM = f"""
 claim_queues AS MATERIALIZED (
-    SELECT name, ord FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)
+    SELECT name, ord FROM unnest({CLAIM_QUEUES}) WITH ORDINALITY AS q(name, ord)
 ),
-groups AS MATERIALIZED (
-    -- A LATERAL probe with LIMIT 1 per (queue, tenant): an EXISTS here may be planned as
-    -- a hashed SubPlan that reads every gated job of the table, a cost that grows with
-    -- the capped tenants' backlogs (and PostgreSQL drops an EXISTS's LIMIT).
-    SELECT s.queue, s.ord, s.tenant, s.ids
-      FROM (SELECT q.name AS queue, q.ord, l.tenant, array_agg(l.id ORDER BY l.id) AS ids
-              FROM claim_queues q
-              JOIN pgqueue_limit l ON l.tenant <> '' AND l.queue IN ('', q.name)
-             GROUP BY q.name, q.ord, l.tenant) s
-     CROSS JOIN LATERAL (
-           SELECT 1 FROM pgqueue_job g
-            WHERE g.queue = s.queue AND g.tenant = s.tenant
-              AND g.status = 'queued' AND g.gated
-            LIMIT 1) has_gated
-),
-gate AS MATERIALIZED (
-    SELECT l.id, l.queue, l.tenant, {_FREE} AS free, {_TOKENS} AS avail
-      FROM pgqueue_limit l
-     WHERE (l.id IN (SELECT unnest(ids) FROM groups)
-            OR (l.tenant = '' AND l.queue IN (SELECT name FROM claim_queues)
-                AND {_limiting("l")}))
-       AND {_FREE} > 0
-     ORDER BY l.id
-       FOR UPDATE SKIP LOCKED
+lim AS MATERIALIZED (
+    SELECT l.id, l.queue, l.tenant, {_free("COALESCE(r.n, 0)")} AS free,
+           {_limiting("l")} AS limiting
+      FROM pgqueue_limit l LEFT JOIN returned_lock r ON r.id = l.id
+     WHERE CASE WHEN l.tenant = '' THEN l.queue IN (SELECT name FROM claim_queues)
+                                        AND {_limiting("l")}
+                ELSE l.queue = '' OR l.queue IN (SELECT name FROM claim_queues) END
 ),
 budget AS MATERIALIZED (
-    SELECT q.name, q.ord, g.id AS qid,
-           CASE WHEN g.id IS NOT NULL THEN g.free
-                WHEN EXISTS (SELECT 1 FROM pgqueue_limit l
-                              WHERE l.tenant = '' AND l.queue = q.name AND {_limiting("l")})
-                THEN 0
-                ELSE %(limit)s END AS free
-      FROM claim_queues q LEFT JOIN gate g ON g.tenant = '' AND g.queue = q.name
+    SELECT q.name, q.ord, g.id AS qid, COALESCE(g.free, %(limit)s) AS free
+      FROM claim_queues q LEFT JOIN lim g ON g.tenant = '' AND g.queue = q.name
+),
+groups AS MATERIALIZED (
+    SELECT b.name AS queue, b.ord, b.qid, l.tenant, array_agg(l.id ORDER BY l.id) AS ids,
+           LEAST(min(l.free), min(b.free)) AS room, bool_or(l.limiting) AS limiting
+      FROM budget b JOIN lim l ON l.tenant <> '' AND l.queue IN ('', b.name)
+     GROUP BY b.name, b.ord, b.qid, l.tenant
 ),
 open_jobs AS MATERIALIZED (
-    SELECT j.id, j.priority, j.vtime, b.ord, b.qid,
-           -- Once per claim (an InitPlan): no tenant limit anywhere, no probe per job.
-           (SELECT EXISTS (SELECT 1 FROM pgqueue_limit WHERE tenant <> ''))
-           AND {_gated("j.tenant", "b.name")} AS stale
+    SELECT j.id, j.tenant, j.priority, j.vtime, b.ord, b.name AS queue, b.qid,
+           EXISTS (SELECT 1 FROM groups g
+                    WHERE g.queue = b.name AND g.tenant = j.tenant AND g.limiting) AS stale
       FROM budget b
      CROSS JOIN LATERAL (
            SELECT id, tenant, priority, vtime FROM pgqueue_job
@@ -300,31 +322,26 @@ open_jobs AS MATERIALIZED (
      ) j
 ),
 regated AS (
-    UPDATE pgqueue_job j SET gated = TRUE FROM open_jobs o WHERE j.id = o.id AND o.stale
+    UPDATE pgqueue_job j SET gated = TRUE
+     WHERE j.id = ANY(ARRAY(SELECT id FROM open_jobs WHERE stale))
 ),
 gated_jobs AS MATERIALIZED (
-    SELECT j.id, j.priority, j.vtime, r.ord, array_remove(r.ids || r.qid, NULL) AS ids
-      FROM (SELECT gr.queue, gr.tenant, gr.ord, gr.ids, b.qid,
-                   LEAST(b.free, (SELECT min(g.free) FROM gate g WHERE g.id = ANY(gr.ids)))
-                       AS room
-              FROM groups gr JOIN budget b ON b.ord = gr.ord
-             WHERE (SELECT count(*) FROM gate g WHERE g.id = ANY(gr.ids))
-                   = cardinality(gr.ids)
-           ) r
+    SELECT j.id, j.priority, j.vtime, g.ord, array_remove(g.ids || g.qid, NULL) AS ids
+      FROM groups g
      CROSS JOIN LATERAL (
            SELECT id, priority, vtime FROM pgqueue_job
-            WHERE queue = r.queue AND tenant = r.tenant AND status = 'queued' AND gated
+            WHERE queue = g.queue AND tenant = g.tenant AND status = 'queued' AND gated
             ORDER BY priority DESC, vtime, id
-            LIMIT r.room
-              FOR UPDATE SKIP LOCKED
+            LIMIT g.room
      ) j
+     WHERE g.room > 0
 ),
 candidates AS MATERIALIZED (
-    SELECT id, priority, vtime, ord,
+    SELECT id, priority, vtime, ord, FALSE AS gated,
            CASE WHEN qid IS NULL THEN '{{}}'::bigint[] ELSE ARRAY[qid] END AS ids
       FROM open_jobs WHERE NOT stale
     UNION ALL
-    SELECT id, priority, vtime, ord, ids FROM gated_jobs
+    SELECT id, priority, vtime, ord, TRUE, ids FROM gated_jobs
 ),
 ranks AS MATERIALIZED (
     SELECT c.id, u.lid,
@@ -333,30 +350,61 @@ ranks AS MATERIALIZED (
       FROM candidates c CROSS JOIN LATERAL unnest(c.ids) AS u(lid)
 ),
 picked AS MATERIALIZED (
-    SELECT id, ids FROM (
-        SELECT id, ids, priority, ord,
+    SELECT id, ids, gated, priority, vtime FROM (
+        SELECT id, ids, gated, priority, vtime, ord,
                row_number() OVER (PARTITION BY ord ORDER BY priority DESC, vtime, id) AS rank
           FROM candidates c
-         WHERE NOT EXISTS (SELECT 1 FROM ranks r JOIN gate g ON g.id = r.lid
-                            WHERE r.id = c.id AND r.rank > g.free)) c
+         WHERE NOT EXISTS (SELECT 1 FROM ranks r JOIN lim l ON l.id = r.lid
+                            WHERE r.id = c.id AND r.rank > l.free)) c
      ORDER BY priority DESC, rank, ord
-     LIMIT %(limit)s
+     LIMIT {CLAIM_LIMIT}
+),
+gated_locked AS MATERIALIZED (
+    SELECT id FROM pgqueue_job
+     WHERE id = ANY(ARRAY(SELECT id FROM picked WHERE gated))
+       AND status = 'queued' AND gated
+       FOR UPDATE SKIP LOCKED
+),
+held AS MATERIALIZED (
+    SELECT id, ids, priority, vtime FROM picked
+     WHERE NOT gated OR id IN (SELECT id FROM gated_locked)
+),
+row_lock AS MATERIALIZED (
+    SELECT l.id, {_free("COALESCE(r.n, 0)")} AS free, {_TOKENS} AS avail
+      FROM pgqueue_limit l LEFT JOIN returned_lock r ON r.id = l.id
+     WHERE l.id = ANY(ARRAY(SELECT DISTINCT unnest(ids) FROM held))
+     ORDER BY l.id
+       FOR UPDATE OF l SKIP LOCKED
+),
+held_ranks AS MATERIALIZED (
+    SELECT h.id, u.lid,
+           row_number() OVER (PARTITION BY u.lid ORDER BY h.priority DESC, h.vtime, h.id)
+               AS rank
+      FROM held h CROSS JOIN LATERAL unnest(h.ids) AS u(lid)
+),
+final AS MATERIALIZED (
+    SELECT id, ids FROM held h
+     WHERE NOT EXISTS (SELECT 1 FROM held_ranks r LEFT JOIN row_lock k ON k.id = r.lid
+                        WHERE r.id = h.id AND (k.id IS NULL OR r.rank > k.free))
 ),
 counted AS (
     UPDATE pgqueue_limit l
-       SET running = l.running + t.n,
-           tokens = CASE WHEN l.rate_count IS NULL THEN l.tokens ELSE g.avail - t.n END,
-           refilled_at = CASE WHEN l.rate_count IS NULL THEN l.refilled_at ELSE {NOW} END
+       SET running = GREATEST(l.running + COALESCE(t.n, 0) - COALESCE(r.n, 0), 0),
+           tokens = CASE WHEN l.rate_count IS NULL OR t.n IS NULL THEN l.tokens
+                         ELSE k.avail - t.n END,
+           refilled_at = CASE WHEN l.rate_count IS NULL OR t.n IS NULL THEN l.refilled_at
+                              ELSE {NOW} END
       FROM (SELECT u.lid, count(*) AS n
-              FROM picked p CROSS JOIN LATERAL unnest(p.ids) AS u(lid) GROUP BY u.lid) t
-      JOIN gate g ON g.id = t.lid
-     WHERE l.id = t.lid
+              FROM final f CROSS JOIN LATERAL unnest(f.ids) AS u(lid) GROUP BY u.lid) t
+      FULL JOIN returned_lock r ON r.id = t.lid
+      LEFT JOIN row_lock k ON k.id = t.lid
+     WHERE l.id = COALESCE(t.lid, r.id)
 ),"""
 
 
-def _claim_update(limit_ids: str) -> str:
-    """The claim's last CTE, ``claimed``: lease the ``picked`` jobs, each recording the
-    limit rows it was counted in (``limit_ids``, an expression of ``picked``)."""
+def _claim_update(limit_ids: str, jobs: str = "picked") -> str:
+    """The claim's last CTE, ``claimed``: lease the jobs of ``jobs`` (a CTE of ids), each
+    recording the limit rows it was counted in (``limit_ids``, an expression of it)."""
     return f"""
 claimed AS (
     UPDATE pgqueue_job j
@@ -366,15 +414,15 @@ claimed AS (
            lease_expires_at = {NOW} + %(lease)s * interval '1 second',
            started_at = {NOW},
            limit_ids = {limit_ids}
-      FROM picked
-     WHERE j.id = picked.id
+      FROM {jobs}
+     WHERE j.id = {jobs}.id AND j.id = ANY(ARRAY(SELECT id FROM {jobs}))  -- {BY_ID}
     RETURNING j.id, j.task, j.payload::text AS payload, j.tenant, j.queue, j.priority,
               j.attempts, j.max_attempts, j.lease_expires_at, j.vtime, j.timeout_seconds,
               j.limit_ids
 )"""
 
 
-_CLAIM_UPDATE = _claim_update("NULLIF(picked.ids, '{}')")
+_CLAIM_UPDATE = _claim_update("NULLIF(final.ids, '{}')", "final")
 _CLAIMED_COLUMNS = (
     "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, "
     "vtime, timeout_seconds, limit_ids"
@@ -405,7 +453,7 @@ picked AS MATERIALIZED (
      WHERE queue = (%(queues)s::text[])[1] AND status = 'queued' AND NOT gated
        AND {_NO_LIMITS}
      ORDER BY priority DESC, vtime, id
-     LIMIT %(limit)s
+     LIMIT {CLAIM_LIMIT}
        FOR UPDATE SKIP LOCKED
 ),"""
 # With several queues, each queue offers its own best jobs and they are interleaved rank by
@@ -418,7 +466,7 @@ plain_candidates AS MATERIALIZED (
             SELECT id, priority, vtime FROM pgqueue_job
              WHERE queue = q.name AND status = 'queued' AND NOT gated
              ORDER BY priority DESC, vtime, id
-             LIMIT %(limit)s
+             LIMIT {CLAIM_LIMIT}
                FOR UPDATE SKIP LOCKED
       ) j
      WHERE {_NO_LIMITS}
@@ -429,7 +477,7 @@ picked AS (
                row_number() OVER (PARTITION BY ord ORDER BY priority DESC, vtime, id) AS rank
           FROM plain_candidates) c
      ORDER BY priority DESC, rank, ord
-     LIMIT %(limit)s
+     LIMIT {CLAIM_LIMIT}
 ),"""
 _PLAIN_UPDATE = _claim_update("NULL")
 
@@ -472,7 +520,7 @@ done AS (
        SET status = 'done', result = i.result::jsonb, finished_at = {NOW},
            lease_expires_at = NULL
       FROM done_input i
-     WHERE j.id = i.id AND j.attempts = i.attempt
+     WHERE j.id = i.id AND j.id = ANY(%(ids)s::bigint[]) AND j.attempts = i.attempt  -- {BY_ID}
        AND j.status = 'running' AND j.lease_owner = %(worker)s
        AND j.cancel_requested_at IS NULL  -- a cancel request committed first wins
     RETURNING j.id, j.attempts, j.started_at, j.limit_ids
@@ -521,16 +569,19 @@ JOB_CLAIM_MANY_QUEUES = (
 # Returns them with _CLAIMED_COLUMNS, and one row of NULLs (_switch) when no limit row
 # applies to the queues any more (in this statement's snapshot): the caller goes back to
 # JOB_CLAIM.
-# Locks: the chosen rows, FOR UPDATE SKIP LOCKED, as JOB_CLAIM. The limit rows with room
-#   that apply (``gate``), in id order, SKIP LOCKED. Stale ungated jobs it meets are
-#   gated. The transaction commits at once.
+# Locks: the ungated candidates, FOR UPDATE SKIP LOCKED, as JOB_CLAIM; the gated jobs
+#   picked, SKIP LOCKED, once picked; then the limit rows the picks count in, in id order,
+#   SKIP LOCKED (``row_lock``). Stale ungated jobs it meets are gated. The transaction
+#   commits at once.
 # Index: pgqueue_job_claim, one range scan per queue, already in claim order;
-#   pgqueue_job_gated, one range scan per limited (queue, tenant) with room;
-#   pgqueue_limit_scope (a probe per candidate).
+#   pgqueue_job_gated, one range scan per limited (queue, tenant) with room, of at most
+#   its room; pgqueue_limit (a seq scan of the rows that apply: a small table);
+#   pgqueue_job_pkey (the picks, by id).
 # Called by: claim_store.claim_once, when JOB_CLAIM (or the previous limited claim) said a
 #   limit row applies to the worker's queues.
 JOB_CLAIM_LIMITED = (
-    f"WITH {_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed" + _switch(_NO_LIMITS)
+    f"WITH {_returned(None)}{_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
+    + _switch(_NO_LIMITS)
 )
 
 # -- name: JOB_COMPLETE_MANY
@@ -545,8 +596,8 @@ JOB_CLAIM_LIMITED = (
 # Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease;
 #   pgqueue_limit_pkey.
 # Called by: store.complete_many, from the worker runtime when its batch also holds
-#   failures, a job counted in a limit row, or no slot is free (with JOB_FAIL_MANY and
-#   JOB_CLAIM, in one transaction).
+#   failures, a job counted in a limit row while its claims are plain, or no slot is free
+#   (with JOB_FAIL_MANY and JOB_CLAIM, in one transaction).
 JOB_COMPLETE_MANY = f"WITH {_COMPLETE},{_uncount('done')}\nSELECT id FROM done"
 
 # A worker's steady state in one statement, one round trip and one commit: the two parts
@@ -589,17 +640,19 @@ JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
 )
 
 # -- name: JOB_COMPLETE_AND_CLAIM_LIMITED
-# JOB_COMPLETE_MANY and JOB_CLAIM_LIMITED in one statement, for one queue or several.
-# The completions give back no limit rows (one statement cannot both lower and raise a
-# counter): the worker sends only batches without a limited job here.
-# Locks: the recorded rows (PK) and the claimed rows (FOR UPDATE SKIP LOCKED), and the
-#   limit rows as JOB_CLAIM_LIMITED, until the statement's transaction commits at once.
+# JOB_COMPLETE_MANY and JOB_CLAIM_LIMITED in one statement, for one queue or several: the
+# slots the recorded jobs were counted in are given back (``returned``) and may be taken
+# again at once by the claim; each limit row's counter moves once, by the net change.
+# Locks: the recorded rows (PK); their limit rows in id order, waiting (a decrement is
+#   never skipped), before any other limit row; then as JOB_CLAIM_LIMITED (every other
+#   lock SKIP LOCKED, so it never waits holding a limit row), until the statement's
+#   transaction commits at once.
 # Indexes: pgqueue_job_pkey (the completions), pgqueue_job_claim and pgqueue_job_gated
 #   (the claim, as JOB_CLAIM_LIMITED).
 # Called by: claim_store.claim_once, from the worker runtime in its steady state while a
-#   limit applies to its queues (a batch of successes none of which counts in a limit row).
+#   limit applies to its queues.
 JOB_COMPLETE_AND_CLAIM_LIMITED = (
-    f"WITH {_COMPLETE},{_CLAIM}{_CLAIM_UPDATE}"
+    f"WITH {_COMPLETE},{_returned('done')}{_CLAIM}{_CLAIM_UPDATE}"
     + _COMPLETE_AND_CLAIM
     + _switch(_NO_LIMITS, "TRUE, ")
 )

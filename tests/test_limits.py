@@ -206,21 +206,24 @@ def test_bad_limits_are_refused_naming_the_field(field, value):
 #: JOB_CLAIM_LIMITED with the limit rows' lock taken out: each claim checks the cap against
 #: its own snapshot of the counter.
 JOB_CLAIM_NO_LIMIT_LOCK = sql.JOB_CLAIM_LIMITED.replace(
-    "     ORDER BY l.id\n       FOR UPDATE SKIP LOCKED", "     ORDER BY l.id"
+    "     ORDER BY l.id\n       FOR UPDATE OF l SKIP LOCKED", "     ORDER BY l.id"
 )
 
 
 def race_claims(statement: str, rounds: int = 20, threads: int = 8) -> int:
     """``threads`` claimers, started together, each claim up to 3 jobs of a tenant capped at
-    3 and hold them; returns the most of its jobs running after any round."""
+    3 (tenant-wide) and hold them, half of them in one queue and half in another, so that
+    they meet no job lock of one another's; returns the most of its jobs running after any
+    round."""
     limits.set_tenant_limits("capped", max_running=3)
     worst = 0
     for _ in range(rounds):
-        enqueue(threads * 3, "capped")
+        for queue in ("q0", "q1"):
+            enqueue(threads * 3, "capped", queue)
 
         def one(i: int) -> int:
             params = {
-                "queues": ["default"],
+                "queues": [f"q{i % 2}"],
                 "limit": 3,
                 "worker": f"w{i}",
                 "lease": 30.0,
@@ -239,9 +242,10 @@ def race_claims(statement: str, rounds: int = 20, threads: int = 8) -> int:
 
 @pytest.mark.django_db(transaction=True)
 def test_racing_claims_never_start_more_than_the_cap():
-    """Protection: the claim locks the limit row (FOR UPDATE SKIP LOCKED), which re-reads
-    its newest ``running`` before checking the cap. Without that lock (the variant below)
-    each claimer trusts its own snapshot and together they start more than the cap."""
+    """Protection: the claim locks the limit row (``row_lock``: FOR UPDATE SKIP LOCKED),
+    which re-reads its newest ``running`` before checking the cap. Without that lock (the
+    variant below) each claimer trusts its own snapshot and together they start more than
+    the cap: claimers of one queue also meet each other's job locks, those of two do not."""
     assert JOB_CLAIM_NO_LIMIT_LOCK != sql.JOB_CLAIM_LIMITED
     assert race_claims(sql.JOB_CLAIM_LIMITED) == 3
     assert race_claims(JOB_CLAIM_NO_LIMIT_LOCK) > 3

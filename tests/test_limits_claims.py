@@ -116,9 +116,11 @@ def test_maintenance_deletes_the_rows_left_with_nothing_to_do():
             limited=True,
             results=[(started.id, started.attempt, None)],
         )
+    # The fused limited statement gives back the slot of the job it records as done ...
+    assert Limit.objects.get(tenant="a").running == 0
+    with connection.cursor() as cur:
         recount_limits(cur, force=True)
-    # The fused limited statement decrements nothing (the worker never sends it a counted
-    # job); the recount puts the counter right, and the row goes.
+    # ... so the row counts nothing, limits nothing and holds back no job: it goes.
     assert not Limit.objects.exists()
     assert not Job.objects.filter(id__in=gated, status="queued", gated=True).exists()
     got = once(False)
@@ -136,3 +138,26 @@ def test_maintenance_keeps_an_unlimited_row_whose_scope_still_has_gated_jobs():
     with connection.cursor() as cur:
         recount_limits(cur, force=True)  # the jobs run, counted in the row: it stays
     assert Limit.objects.get(tenant="a").running == 2
+
+
+def test_the_fused_limited_statement_reuses_at_once_the_slot_it_gives_back():
+    """One statement records a capped tenant's job as done and starts its next one in the
+    slot that frees: the counter moves by the net change (0 here), never above the cap."""
+    limits.set_tenant_limits("a", max_running=1)
+    first, second, third = enqueue(3, "a")
+    (started,) = once(True).jobs
+    assert (started.id, Limit.objects.get(tenant="a").running) == (first, 1)
+    with connection.cursor() as cur:
+        got = claim_store.claim_once(
+            cur,
+            worker="w",
+            queues=["default"],
+            limit=10,
+            limited=True,
+            results=[(started.id, started.attempt, None)],
+        )
+    assert got.recorded == {first}
+    assert [j.id for j in got.jobs] == [second]
+    assert got.jobs[0].limit_ids == [Limit.objects.get(tenant="a").id]
+    assert Limit.objects.get(tenant="a").running == 1
+    assert Job.objects.get(id=third).status == "queued"

@@ -214,10 +214,10 @@ class WorkerLoop:
         # The steady state, nothing failed: one statement records the successes and claims
         # (one round trip, one commit). A failure is written by a statement of its own; then
         # the outcomes are written first and the claim follows, in one transaction.
-        # A job counted in limit rows gives them back in JOB_COMPLETE_MANY (a fused
-        # statement cannot both lower and raise one counter): only such batches pay for it.
+        # A job counted in limit rows gives them back in the limited claim (a net change of
+        # each row's counter) or, while the claims are plain, in JOB_COMPLETE_MANY.
         limited = any(o.ctx.id in self.limited for o in self.pending)
-        fused = bool(want) and not failures and not limited
+        fused = bool(want) and not failures and (self.claims.limited or not limited)
         recorded: set[int] = set()
         claimed: list[store.ClaimedJob] = []
         atomic = contextlib.nullcontext() if fused else self.db.transaction()
