@@ -16,6 +16,7 @@ caller's.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,12 +67,17 @@ def complete_params(results: Sequence[tuple[int, int, str | None]]) -> dict[str,
     }
 
 
-def _statement(fused: bool, limited: bool, many: bool) -> str:
+@functools.lru_cache(maxsize=512)
+def _statement(fused: bool, limited: bool, many: bool, limit: int) -> str:
+    """The claim statement to run, its LIMITs written as ``limit`` (sql.claim_limit): one
+    statement text per number of jobs asked for, each prepared once by the connection."""
     if limited:
-        return sql.JOB_COMPLETE_AND_CLAIM_LIMITED if fused else sql.JOB_CLAIM_LIMITED
-    if fused:
-        return sql.JOB_COMPLETE_AND_CLAIM_MANY_QUEUES if many else sql.JOB_COMPLETE_AND_CLAIM
-    return sql.JOB_CLAIM_MANY_QUEUES if many else sql.JOB_CLAIM
+        statement = sql.JOB_COMPLETE_AND_CLAIM_LIMITED if fused else sql.JOB_CLAIM_LIMITED
+    elif fused:
+        statement = sql.JOB_COMPLETE_AND_CLAIM_MANY_QUEUES if many else sql.JOB_COMPLETE_AND_CLAIM
+    else:
+        statement = sql.JOB_CLAIM_MANY_QUEUES if many else sql.JOB_CLAIM
+    return sql.claim_limit(statement, limit)
 
 
 def claim_once(
@@ -98,7 +104,7 @@ def claim_once(
     fused = bool(results)
     if fused:
         params.update(complete_params(results))
-    cursor.execute(_statement(fused, limited, len(queues) > 1), params)
+    cursor.execute(_statement(fused, limited, len(queues) > 1, limit), params)
     jobs: list[ClaimedJob] = []
     recorded: set[int] = set()
     switch = False

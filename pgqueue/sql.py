@@ -25,16 +25,26 @@ from .fairness import charge_units, job_vtime, level_head, run_time_charge, tena
 
 NOW = "COALESCE(%(now)s::timestamptz, now())"
 
-#: A claim's LIMIT: an InitPlan, not the parameter itself, so that a custom plan estimates
-#: the rows as a generic one does and PostgreSQL settles on the generic plan of a prepared
-#: claim after five runs, instead of planning every claim again (about as long as running
-#: it). The statements join their job rows by id (BY_ID) so that the generic plan is an
-#: index lookup per job whatever the estimates.
-CLAIM_LIMIT = "(SELECT %(limit)s::int)"
-#: The limited claim's queues, likewise: a custom plan does not count them either.
+#: A claim's LIMIT. ``claim_limit`` writes it as a number into the statement that a worker
+#: prepares (one statement per number of jobs asked for), so that every plan, generic or
+#: custom, knows how few rows are wanted: with the parameter, a generic plan guesses 10% of
+#: the queue's jobs, and with a large backlog out of claim order it sorts the whole queue
+#: instead of reading the claim index (seconds per claim at 2M jobs). Knowing it, the
+#: generic plan costs what a custom one does and PostgreSQL keeps it after five runs
+#: instead of planning every claim again (about as long as running one). The statements
+#: also match their job rows by id (BY_ID) so that any plan is a primary-key lookup per job.
+CLAIM_LIMIT = "%(limit)s"
+#: The claims' queues, in an InitPlan: a custom plan does not count them either, so it
+#: costs what the generic plan does.
 CLAIM_QUEUES = "(SELECT %(queues)s::text[])"
 #: The comment beside a BY_ID condition.
 BY_ID = "the same as the join: a pgqueue_job_pkey lookup in any plan"
+
+
+def claim_limit(statement: str, limit: int) -> str:
+    """``statement`` (a claim of this module) with its LIMITs written as ``limit``."""
+    return statement.replace(f"LIMIT {CLAIM_LIMIT}", f"LIMIT {int(limit)}")
+
 
 #: Full-jitter exponential backoff, in seconds, for a job's ``attempts`` so far.
 BACKOFF = (
@@ -317,9 +327,10 @@ open_jobs AS MATERIALIZED (
            SELECT id, tenant, priority, vtime FROM pgqueue_job
             WHERE queue = b.name AND status = 'queued' AND NOT gated
             ORDER BY priority DESC, vtime, id
-            LIMIT b.free
+            LIMIT {CLAIM_LIMIT}
               FOR UPDATE SKIP LOCKED
      ) j
+     WHERE b.free > 0
 ),
 regated AS (
     UPDATE pgqueue_job j SET gated = TRUE
@@ -461,7 +472,7 @@ picked AS MATERIALIZED (
 _CLAIM_MANY_QUEUES = f"""
 plain_candidates AS MATERIALIZED (
     SELECT j.id, j.priority, j.vtime, q.ord
-      FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)
+      FROM unnest({CLAIM_QUEUES}) WITH ORDINALITY AS q(name, ord)
       CROSS JOIN LATERAL (
             SELECT id, priority, vtime FROM pgqueue_job
              WHERE queue = q.name AND status = 'queued' AND NOT gated
