@@ -1,6 +1,6 @@
 """Look-ahead (PGQUEUE["PREFETCH"]): what claiming ahead buys in throughput, costs in fairness.
 
-For each look-ahead K in 0, 2, 4, 8, 16 (quick: 0 and 8):
+For each look-ahead K in 0, 2, 4, 8, 16, 32 (quick: 0, 8 and 32):
 
 - throughput: pre-enqueued no-op jobs (4 tenants, fair ordering), one `manage.py runworker
   --burst` with PGQUEUE_PREFETCH=K at concurrency 8 and at concurrency 1; jobs/s = jobs /
@@ -29,8 +29,8 @@ from bench import noisy_neighbour
 from bench.common import commit_ceiling, median, ms, percentile, query, reset_tables, table
 from bench.harness import start_worker, stop_workers
 
-LEVELS = [0, 2, 4, 8, 16]
-QUICK_LEVELS = [0, 8]
+LEVELS = [0, 2, 4, 8, 16, 32]
+QUICK_LEVELS = [0, 8, 32]
 
 
 def _fill(jobs: int) -> None:

@@ -51,6 +51,7 @@ COMPLETE = """
 UPDATE pgqueue_job SET status = 'done', finished_at = now(), lease_expires_at = NULL
  WHERE id = ANY(%(ids)s) AND status = 'running' AND lease_owner = %(worker)s
 """
+TWO = "runworker, 2 processes"
 STRATEGIES = [
     ("FOR UPDATE, 1 per claim", "", 1),
     ("SKIP LOCKED, 1 per claim", " SKIP LOCKED", 1),
@@ -192,7 +193,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         for label, skip, batch in STRATEGIES
     ]
     shapes.append(("runworker, N threads", lambda n: run_burst(n, 1)))
-    shapes.append(("runworker, 2 processes", lambda n: run_burst(max(n // 2, 1), 2)))
+    shapes.append((TWO, lambda n: run_burst(max(n // 2, 1), 2)))
     for label, start in shapes:
         per_level = {}
         # The hand-written loops are slow by design (a commit per claim and per job): half
@@ -211,15 +212,28 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         figures["claims"][label] = per_level
         rows.append([label, *(per_level.get(n, float("nan")) for n in levels)])
     rows.append(["pgbench commit ceiling (tps)", *(ceilings[n] or float("nan") for n in levels)])
-    best = figures["claims"]["runworker, 2 processes"].get(8) or 0.0
-    figures["ratio_runworker_8_to_ceiling"] = best / ceilings[8] if ceilings.get(8) else None
+    # Total concurrency 8 either way: 1 process x 8 threads, or 2 processes x 4 (two loops
+    # and two GILs on two cores). Both ratios are reported; neither hides the other.
+    ratios = {
+        label: (figures["claims"][label].get(8) or 0.0) / ceilings[8] if ceilings.get(8) else None
+        for label in ("runworker, N threads", TWO)
+    }
+    figures["ratio_runworker_1x8_to_ceiling"] = ratios["runworker, N threads"]
+    figures["ratio_runworker_2x4_to_ceiling"] = ratios[TWO]
+    figures["ratio_runworker_8_to_ceiling"] = ratios[TWO]  # the key's meaning as before
     enqueue = _enqueue_rates(quick)
     figures["enqueue"] = enqueue
     report = (
         table(["claim strategy (jobs/s)", *(str(n) for n in levels)], rows)
-        + "\n\nrunworker (2 processes) at 8 ÷ commit ceiling at 8 clients: "
-        + (f"{figures['ratio_runworker_8_to_ceiling']:.2f}" if ceilings.get(8) else "n/a")
-        + " (target 0.4)\n\n"
+        + "\n\nrunworker at total concurrency 8 ÷ commit ceiling at 8 clients (target 0.4):"
+        + "".join(
+            f"\n  {shape}: " + (f"{ratios[label]:.2f}" if ratios[label] is not None else "n/a")
+            for shape, label in (
+                ("1 process x 8 threads (--concurrency 8)", "runworker, N threads"),
+                ("2 processes x 4 threads (--processes 2 --concurrency 4)", TWO),
+            )
+        )
+        + "\n\n"
         + table(
             ["enqueue path", "jobs/s"],
             [

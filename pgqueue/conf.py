@@ -85,11 +85,14 @@ DEFAULTS: dict[str, Any] = {
     # ("20/min", "100/hour"); past it, every Bearer request from that address is a 429
     # with Retry-After until the window moves on, and no key is looked up. None: no limit.
     "AUTH_FAILURE_RATE": "20/min",
-    # Jobs a worker process claims beyond its idle slots (runworker --prefetch). They wait,
-    # leased and heartbeated, for a slot, so that a turn of the loop records and claims for
-    # many jobs while the handlers run; a stopping worker gives them back unstarted. Each
-    # adds at most one job's run time to the wait of jobs of other tenants.
-    "PREFETCH": 8,
+    # Most jobs a worker process claims beyond its idle slots (runworker --prefetch). They
+    # wait, leased and heartbeated, for a slot, so that a turn of the loop records and
+    # claims for many jobs while the handlers run; a stopping worker gives them back
+    # unstarted. The worker claims ahead only what its threads run in about 5 ms at the
+    # jobs' recent mean run time (at least one; all of PREFETCH until a job has finished),
+    # so the look-ahead adds about that much to the wait of other tenants' jobs whatever
+    # the jobs' length (pgqueue/worker/lookahead.py).
+    "PREFETCH": 32,
     # Periodic schedules declared in settings, besides those of @pgqueue.periodic: dicts
     # with "cron" and "task", and optionally "name" (default: the task's), "tenant",
     # "queue", "priority", "max_attempts", "payload", "missed" ("run_once" or "skip") and

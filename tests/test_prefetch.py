@@ -1,9 +1,10 @@
 """The look-ahead (``PGQUEUE["PREFETCH"]``, ``runworker --prefetch``), with real workers.
 
 A worker holds up to ``concurrency + prefetch`` jobs: those beyond its busy threads wait
-unstarted in the process, leased like the running ones. These tests hold the one thread of
-a worker with a ``test.block`` job and look at what the worker holds meanwhile: how many,
-whether their leases are renewed, and what becomes of them on SIGTERM.
+unstarted in the process, leased like the running ones; once jobs have finished, it claims
+ahead only what its threads run in about ``LookAhead.HORIZON_SECONDS``. These tests hold
+the one thread of a worker with a ``test.block`` job and look at what the worker holds
+meanwhile: how many, whether their leases are renewed, and what becomes of them on SIGTERM.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 import pgqueue
 from pgqueue.models import Job
+from pgqueue.worker.lookahead import LookAhead
 from tests.workers import STARTUP, StartWorker, history, wait_for
 
 FAST = {"LEASE_SECONDS": 3, "HEARTBEAT_SECONDS": 0.5, "POLL_SECONDS": 0.2}
@@ -132,3 +134,55 @@ def test_async_jobs_claimed_ahead_wait_for_a_slot(workers: StartWorker) -> None:
     )
     for (_, ended), (began, _) in itertools.pairwise(runs):
         assert began >= ended, f"two async jobs ran at once with one slot: {runs}"
+
+
+def test_lookahead_is_bounded_by_the_time_its_jobs_take() -> None:
+    """The whole cap until a job has finished; then as many jobs as the threads run in
+    ``HORIZON_SECONDS`` at the mean run time, at least one and at most the cap; 0 stays 0."""
+    horizon = LookAhead.HORIZON_SECONDS
+    ahead = LookAhead(32, threads=8)
+    assert ahead.size == 32  # nothing known yet
+    ahead.observe([])
+    assert ahead.size == 32
+    ahead.observe([horizon / 1000] * 50)  # no-op jobs: the cap
+    assert ahead.size == 32
+    for _ in range(400):  # jobs of 0.3 horizons: 8 threads run 26 of them in one
+        ahead.observe([0.3 * horizon])
+    assert ahead.size == 26
+    for _ in range(400):  # long jobs: one ahead, not 32 jobs of seconds each
+        ahead.observe([100 * horizon])
+    assert ahead.size == 1
+    off = LookAhead(0, threads=8)
+    off.observe([horizon / 1000] * 50)
+    assert off.size == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_long_jobs_the_worker_claims_one_ahead(workers: StartWorker, tmp_path: Path) -> None:
+    """Once the worker has run a job far longer than the look-ahead's horizon, it claims
+    one job ahead of its busy thread, not all of ``--prefetch``: a job of another tenant
+    never waits behind several long jobs claimed ahead. Fails if the look-ahead ignores the
+    jobs' run times (the worker would hold 1 + 3)."""
+    first = pgqueue.enqueue("test.sleep", {"seconds": 0.2}, tenant="acme")[0].id
+    worker = workers("--concurrency", "1", "--prefetch", "3", settings=FAST)
+    worker_id = worker.registered()
+    wait_for(lambda: Job.objects.filter(pk=first, status="done").exists(), STARTUP, "the first job")
+    blocker, release, started = block_one(tmp_path)
+    ahead = pgqueue.enqueue_many("test.noop", [{}] * 5, tenant="acme")
+    wait_for(lambda: started.exists(), STARTUP, "the blocking job to start")
+    wait_for(lambda: len(held(worker_id)) == 2, STARTUP, "the worker to hold 1 + 1 jobs")
+    lease = {j.id: j.lease_expires_at for j in held(worker_id)}
+    wait_for(
+        lambda: all(j.lease_expires_at > lease[j.id] for j in held(worker_id)),
+        STARTUP,
+        "a heartbeat to pass",
+    )
+    jobs = held(worker_id)  # several polls later: still one ahead
+    assert [j.id for j in jobs] == [blocker, ahead[0]]
+    assert Job.objects.filter(status="queued").count() == 4
+    release.touch()
+    wait_for(
+        lambda: Job.objects.filter(status="done").count() == 7, STARTUP, "every job to be done"
+    )
+    worker.send(signal.SIGTERM)
+    assert worker.wait_exit(STARTUP) == 0

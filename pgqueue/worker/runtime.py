@@ -37,6 +37,7 @@ from .context import JobContext
 from .executor import HandlerOutcome, JobExecutor, serves
 from .heartbeat import Heartbeats
 from .listener import Listener
+from .lookahead import LookAhead
 from .maintenance import maintain
 from .recorder import OutcomeRecorder
 from .stops import JobStops
@@ -64,8 +65,10 @@ class WorkerLoop:
         self.batch_size = batch_size or int(pgqueue_settings.BATCH_SIZE)
         # Jobs held beyond the busy slots: they wait, unstarted, in the executor's queue,
         # so a thread that finishes takes the next job at once instead of waiting for the
-        # loop's round trip, and one turn records and claims for many jobs.
+        # loop's round trip, and one turn records and claims for many jobs. At most
+        # ``prefetch``, and as many as the threads run in a few milliseconds (lookahead).
         self.prefetch = int(pgqueue_settings.PREFETCH if prefetch is None else prefetch)
+        self.lookahead = LookAhead(self.prefetch, concurrency)
         self.burst = burst
         self.max_jobs = max_jobs
         self.alias = alias
@@ -287,16 +290,21 @@ class WorkerLoop:
         """Time for a turn: every job in hand has finished, or the look-ahead runs low."""
         if self.outcomes.qsize() >= len(self.in_flight):
             return True
-        return self.prefetch > 0 and self.executor.queued() <= self.prefetch // 2
+        ahead = self.lookahead.size
+        return ahead > 0 and self.executor.queued() <= ahead // 2
 
     def _take_outcomes(self) -> None:
         """Move finished jobs from in flight to pending: their slots are free again, and
         they stay in the heartbeat set until their outcome is recorded."""
+        durations: list[float] = []
         while True:
             try:
                 outcome = self.outcomes.get_nowait()
             except queue.Empty:
+                self.lookahead.observe(durations)
                 return
+            if outcome.ctx.started:
+                durations.append(outcome.duration)
             if self.in_flight.get(outcome.ctx.id) is outcome.ctx:
                 del self.in_flight[outcome.ctx.id]
             else:  # an attempt the worker ended (timed out) whose job it runs again now
@@ -319,7 +327,7 @@ class WorkerLoop:
         if self.stopping.is_set():
             return 0
         held = len(self.in_flight) + len(self.stops.lingering)  # the latter hold threads
-        want = min(self.concurrency + self.prefetch - held, self.batch_size)
+        want = min(self.concurrency + self.lookahead.size - held, self.batch_size)
         if self.max_jobs is not None:
             want = min(want, self.max_jobs - self.claimed_total)
         return max(want, 0)
