@@ -66,16 +66,27 @@ def level_head(queue: str, priority: str) -> str:
     """SQL for the current virtual time of one (queue, priority) level.
 
     The lowest queued (ungated) vtime there is read from the claim index (pgqueue_job_claim, an
-    equality on queue and priority, then vtime order: one index tuple). When the level has
-    nothing queued, everything assigned there has been claimed, so the current time is the
-    largest clock of the level (pgqueue_fair_clock_level, a backward scan of one tuple).
-    ``queue`` and ``priority`` are SQL expressions.
+    equality on queue and priority, then vtime order: one index tuple). When no ungated job
+    is queued there but limited tenants' gated jobs are, the head is the lowest of theirs
+    (one probe of pgqueue_job_gated per tenant with a limit row; only then): otherwise a
+    tenant arriving behind a capped tenant's backlog would start after all of it, and the
+    capped tenant's older vtimes would win every slot its cap leaves it. When the level
+    has nothing queued, everything assigned there has been claimed, so the current time is
+    the largest clock of the level (pgqueue_fair_clock_level, a backward scan of one
+    tuple). ``queue`` and ``priority`` are SQL expressions.
     """
     return f"""COALESCE(
         (SELECT hj.vtime FROM pgqueue_job hj
           WHERE hj.queue = {queue} AND hj.priority = {priority} AND hj.status = 'queued'
             AND NOT hj.gated
           ORDER BY hj.vtime LIMIT 1),
+        (SELECT min(hg.vtime)
+           FROM (SELECT DISTINCT hl.tenant FROM pgqueue_limit hl WHERE hl.tenant <> '') ht
+          CROSS JOIN LATERAL (
+                SELECT g.vtime FROM pgqueue_job g
+                 WHERE g.queue = {queue} AND g.tenant = ht.tenant
+                   AND g.priority = {priority} AND g.status = 'queued' AND g.gated
+                 ORDER BY g.priority DESC, g.vtime LIMIT 1) hg),
         (SELECT max(hc.vtime) FROM pgqueue_fair_clock hc
           WHERE hc.queue = {queue} AND hc.priority = {priority}),
         0.0)"""

@@ -249,3 +249,15 @@ def test_racing_claims_never_start_more_than_the_cap():
     assert JOB_CLAIM_NO_LIMIT_LOCK != sql.JOB_CLAIM_LIMITED
     assert race_claims(sql.JOB_CLAIM_LIMITED) == 3
     assert race_claims(JOB_CLAIM_NO_LIMIT_LOCK) > 3
+
+
+def test_a_tenant_arriving_behind_a_capped_backlog_shares_the_slots_with_it():
+    """A capped tenant's backlog is gated, outside the claim index. A tenant arriving when
+    nothing else is queued starts at the gated jobs' head, not after all of them: with a
+    cap that leaves the capped tenant every slot, the two still alternate. (Starting after
+    the backlog, the newcomer ran only once the capped tenant's 40 jobs had all run.)"""
+    limits.set_tenant_limits("capped", max_running=100)
+    enqueue(40, "capped")
+    enqueue(10, "late")
+    first = [j.tenant for j in claim(limit=10)]
+    assert first.count("late") >= 4 and first.count("capped") >= 4  # one starts a job ahead
