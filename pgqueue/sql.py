@@ -332,10 +332,6 @@ open_jobs AS MATERIALIZED (
      ) j
      WHERE b.free > 0
 ),
-regated AS (
-    UPDATE pgqueue_job j SET gated = TRUE
-     WHERE j.id = ANY(ARRAY(SELECT id FROM open_jobs WHERE stale))
-),
 gated_jobs AS MATERIALIZED (
     SELECT j.id, j.priority, j.vtime, g.ord, array_remove(g.ids || g.qid, NULL) AS ids
       FROM groups g
@@ -433,7 +429,33 @@ claimed AS (
 )"""
 
 
-_CLAIM_UPDATE = _claim_update("NULLIF(final.ids, '{}')", "final")
+# The limited claim's last CTEs: lease the ``final`` jobs, each recording the limit rows
+# it was counted in, and gate the stale ones it met, in one UPDATE (each UPDATE of
+# pgqueue_job costs its executor set-up, even with no row to change).
+_CLAIM_UPDATE = f"""
+touched AS MATERIALIZED (
+    SELECT id, NULLIF(ids, '{{}}') AS ids, TRUE AS run FROM final
+    UNION ALL
+    SELECT id, NULL, FALSE FROM open_jobs WHERE stale
+),
+leased AS (
+    UPDATE pgqueue_job j
+       SET status = CASE WHEN t.run THEN 'running' ELSE j.status END,
+           attempts = j.attempts + t.run::int,
+           lease_owner = CASE WHEN t.run THEN %(worker)s ELSE j.lease_owner END,
+           lease_expires_at = CASE WHEN t.run
+                                   THEN {NOW} + %(lease)s * interval '1 second'
+                                   ELSE j.lease_expires_at END,
+           started_at = CASE WHEN t.run THEN {NOW} ELSE j.started_at END,
+           limit_ids = CASE WHEN t.run THEN t.ids ELSE j.limit_ids END,
+           gated = j.gated OR NOT t.run
+      FROM touched t
+     WHERE j.id = t.id AND j.id = ANY(ARRAY(SELECT id FROM touched))  -- {BY_ID}
+    RETURNING t.run, j.id, j.task, j.payload::text AS payload, j.tenant, j.queue,
+              j.priority, j.attempts, j.max_attempts, j.lease_expires_at, j.vtime,
+              j.timeout_seconds, j.limit_ids
+),
+claimed AS (SELECT * FROM leased WHERE run)"""
 _CLAIMED_COLUMNS = (
     "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, "
     "vtime, timeout_seconds, limit_ids"

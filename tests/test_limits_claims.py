@@ -161,3 +161,19 @@ def test_the_fused_limited_statement_reuses_at_once_the_slot_it_gives_back():
     assert got.jobs[0].limit_ids == [Limit.objects.get(tenant="a").id]
     assert Limit.objects.get(tenant="a").running == 1
     assert Job.objects.get(id=third).status == "queued"
+
+
+def test_a_job_queued_before_its_tenant_was_limited_is_gated_by_the_claim_then_run_within_the_cap():
+    """A limit row that appears without the jobs of its scope being gated (a race with an
+    enqueue): the limited claim meets the stale jobs in the claim index, gates them instead
+    of running them (in the same statement as the claim), and claims them within the cap
+    from then on."""
+    ids = enqueue(3, "a")
+    other = enqueue(1, "b")
+    Limit.objects.create(tenant="a", queue="", max_running=1)  # no regate: as if raced
+    got = once(True)
+    assert [j.id for j in got.jobs] == other
+    assert set(Job.objects.filter(id__in=ids).values_list("status", "gated")) == {("queued", True)}
+    again = once(True)
+    assert [j.id for j in again.jobs] == ids[:1]
+    assert Limit.objects.get(tenant="a").running == 1
