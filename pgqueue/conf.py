@@ -88,11 +88,12 @@ DEFAULTS: dict[str, Any] = {
     # Most jobs a worker process claims beyond its idle slots (runworker --prefetch). They
     # wait, leased and heartbeated, for a slot, so that a turn of the loop records and
     # claims for many jobs while the handlers run; a stopping worker gives them back
-    # unstarted. The worker claims ahead only what its threads run in about 5 ms at the
-    # jobs' recent mean run time (at least one; all of PREFETCH until a job has finished),
-    # so the look-ahead adds about that much to the wait of other tenants' jobs whatever
-    # the jobs' length (pgqueue/worker/lookahead.py).
+    # unstarted. The worker claims ahead only what its threads run in PREFETCH_SECONDS at
+    # the jobs' recent mean run time (at least one; all of PREFETCH until a job has
+    # finished), so the look-ahead adds about that much to the wait of other tenants' jobs
+    # whatever the jobs' length (pgqueue/worker/lookahead.py).
     "PREFETCH": 32,
+    "PREFETCH_SECONDS": 0.005,
     # Periodic schedules declared in settings, besides those of @pgqueue.periodic: dicts
     # with "cron" and "task", and optionally "name" (default: the task's), "tenant",
     # "queue", "priority", "max_attempts", "payload", "missed" ("run_once" or "skip") and

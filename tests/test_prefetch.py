@@ -14,8 +14,10 @@ import signal
 from pathlib import Path
 
 import pytest
+from django.test import override_settings
 
 import pgqueue
+from pgqueue import checks
 from pgqueue.models import Job
 from pgqueue.worker.lookahead import LookAhead
 from tests.workers import STARTUP, StartWorker, history, wait_for
@@ -155,6 +157,17 @@ def test_lookahead_is_bounded_by_the_time_its_jobs_take() -> None:
     off = LookAhead(0, threads=8)
     off.observe([horizon / 1000] * 50)
     assert off.size == 0
+    wide = LookAhead(32, threads=8, horizon=10 * horizon)  # PGQUEUE["PREFETCH_SECONDS"]
+    wide.observe([10 * horizon] * 400)  # each thread runs one job in the horizon
+    assert wide.size == 8
+
+
+@pytest.mark.parametrize("value", [-0.001, "0.005", None])
+def test_prefetch_seconds_must_be_a_number_of_at_least_zero(value: object) -> None:
+    with override_settings(PGQUEUE={"PREFETCH_SECONDS": value}):
+        errors = checks.check_settings()
+    assert [e.id for e in errors] == ["pgqueue.E003"]
+    assert "PREFETCH_SECONDS" in errors[0].msg
 
 
 @pytest.mark.django_db(transaction=True)

@@ -7,10 +7,11 @@ tenant, claimed later, may have to wait behind: ``K`` jobs ahead on ``N`` thread
 back by about ``K / N`` run times. For no-op jobs that is nothing and a large look-ahead
 pays (more jobs per commit); for jobs of a second it is seconds, and buys nothing.
 
-So the look-ahead is the number of jobs the threads get through in ``HORIZON_SECONDS``,
+So the look-ahead is the number of jobs the threads get through in ``horizon`` seconds
+(``PGQUEUE["PREFETCH_SECONDS"]``),
 from the mean run time of the jobs this worker ran lately (at least one, at most
 ``PGQUEUE["PREFETCH"]``): what a claimed-ahead job adds to another's wait stays about
-``HORIZON_SECONDS``, whatever the jobs' length. Until a job has finished, the look-ahead is
+``horizon``, whatever the jobs' length. Until a job has finished, the look-ahead is
 the whole ``PREFETCH``.
 """
 
@@ -22,16 +23,17 @@ import math
 class LookAhead:
     """The look-ahead of one worker process: ``size`` follows the jobs' mean run time."""
 
-    #: The time the threads should take to get through the jobs claimed ahead.
+    #: The default time the threads should take to get through the jobs claimed ahead.
     HORIZON_SECONDS = 0.005
     #: Weight of each new run time in the moving mean (about the last 20 jobs).
     WEIGHT = 0.05
 
-    __slots__ = ("cap", "mean", "size", "threads")
+    __slots__ = ("cap", "horizon", "mean", "size", "threads")
 
-    def __init__(self, cap: int, threads: int) -> None:
+    def __init__(self, cap: int, threads: int, horizon: float = HORIZON_SECONDS) -> None:
         self.cap = cap  # PGQUEUE["PREFETCH"] (or --prefetch): never more than this
         self.threads = threads
+        self.horizon = horizon  # PGQUEUE["PREFETCH_SECONDS"]
         self.mean: float | None = None  # seconds; None until a job has finished
         self.size = cap
 
@@ -44,5 +46,5 @@ class LookAhead:
             mean = d if mean is None else mean + self.WEIGHT * (d - mean)
         assert mean is not None
         self.mean = mean
-        fits = self.threads * self.HORIZON_SECONDS / mean if mean > 0 else self.cap
+        fits = self.threads * self.horizon / mean if mean > 0 else self.cap
         self.size = min(self.cap, max(1, math.floor(fits)))

@@ -68,7 +68,9 @@ class WorkerLoop:
         # loop's round trip, and one turn records and claims for many jobs. At most
         # ``prefetch``, and as many as the threads run in a few milliseconds (lookahead).
         self.prefetch = int(pgqueue_settings.PREFETCH if prefetch is None else prefetch)
-        self.lookahead = LookAhead(self.prefetch, concurrency)
+        self.lookahead = LookAhead(
+            self.prefetch, concurrency, float(pgqueue_settings.PREFETCH_SECONDS)
+        )
         self.burst = burst
         self.max_jobs = max_jobs
         self.alias = alias
