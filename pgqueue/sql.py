@@ -268,6 +268,17 @@ returned_lock AS MATERIALIZED (
 ),"""
 
 
+def _row_ranks(name: str, jobs: str) -> str:
+    """The CTE ``name``: each job of ``jobs`` (a CTE with ids, the limit rows each counts
+    in) ranked, in claim order, among the jobs of ``jobs`` that count in the same row."""
+    return f"""{name} AS MATERIALIZED (
+    SELECT c.id, u.lid,
+           row_number() OVER (PARTITION BY u.lid ORDER BY c.priority DESC, c.vtime, c.id)
+               AS rank
+      FROM {jobs} c CROSS JOIN LATERAL unnest(c.ids) AS u(lid)
+),"""
+
+
 # The limited claim's CTEs (after _returned), ending in ``final`` (the jobs to lease, with
 # the limit rows each counts in) and ``counted`` (each such row's counter moved by the jobs
 # it starts less those it gives back, its tokens spent); see JOB_CLAIM_LIMITED. One shape
@@ -350,12 +361,7 @@ candidates AS MATERIALIZED (
     UNION ALL
     SELECT id, priority, vtime, ord, TRUE, ids FROM gated_jobs
 ),
-ranks AS MATERIALIZED (
-    SELECT c.id, u.lid,
-           row_number() OVER (PARTITION BY u.lid ORDER BY c.priority DESC, c.vtime, c.id)
-               AS rank
-      FROM candidates c CROSS JOIN LATERAL unnest(c.ids) AS u(lid)
-),
+{_row_ranks("ranks", "candidates")}
 picked AS MATERIALIZED (
     SELECT id, ids, gated, priority, vtime FROM (
         SELECT id, ids, gated, priority, vtime, ord,
@@ -383,12 +389,7 @@ row_lock AS MATERIALIZED (
      ORDER BY l.id
        FOR UPDATE OF l SKIP LOCKED
 ),
-held_ranks AS MATERIALIZED (
-    SELECT h.id, u.lid,
-           row_number() OVER (PARTITION BY u.lid ORDER BY h.priority DESC, h.vtime, h.id)
-               AS rank
-      FROM held h CROSS JOIN LATERAL unnest(h.ids) AS u(lid)
-),
+{_row_ranks("held_ranks", "held")}
 final AS MATERIALIZED (
     SELECT id, ids FROM held h
      WHERE NOT EXISTS (SELECT 1 FROM held_ranks r LEFT JOIN row_lock k ON k.id = r.lid

@@ -20,9 +20,13 @@ def enqueue(n: int, tenant: str, queue: str = "default") -> list[int]:
     return pgqueue.enqueue_many("test.noop", [{}] * n, tenant=tenant, queue=queue)
 
 
-def once(limited: bool, queues: tuple[str, ...] = ("default",), limit: int = 10):
+def once(limited: bool, queues: tuple[str, ...] = ("default",), limit: int = 10, done=()):
+    """One claim statement of worker "w", recording ``done`` (claimed jobs) as successes."""
+    results = [(j.id, j.attempt, None) for j in done]
     with connection.cursor() as cur:
-        return claim_store.claim_once(cur, worker="w", queues=queues, limit=limit, limited=limited)
+        return claim_store.claim_once(
+            cur, worker="w", queues=queues, limit=limit, limited=limited, results=results
+        )
 
 
 @pytest.mark.parametrize("queues", [("default",), ("default", "other")])
@@ -63,15 +67,7 @@ def test_the_fused_plain_claim_records_the_successes_even_when_it_switches():
     done, queued = enqueue(1, "a"), enqueue(1, "a")
     (held,) = once(False, limit=1).jobs
     limits.set_tenant_limits("b", max_running=1)
-    with connection.cursor() as cur:
-        got = claim_store.claim_once(
-            cur,
-            worker="w",
-            queues=["default"],
-            limit=5,
-            limited=False,
-            results=[(held.id, held.attempt, None)],
-        )
+    got = once(False, limit=5, done=[held])
     assert (got.recorded, got.jobs, got.switch) == ({held.id}, [], True)
     assert Job.objects.get(id=held.id).status == "done"
     assert Job.objects.get(id=queued[0]).status == "queued"
@@ -107,15 +103,7 @@ def test_maintenance_deletes_the_rows_left_with_nothing_to_do():
     with connection.cursor() as cur:
         recount_limits(cur, force=True)
     assert list(Limit.objects.values_list("tenant", flat=True)) == ["a"]  # counts a job
-    with connection.cursor() as cur:
-        claim_store.claim_once(
-            cur,
-            worker="w",
-            queues=["default"],
-            limit=1,
-            limited=True,
-            results=[(started.id, started.attempt, None)],
-        )
+    once(True, limit=1, done=[started])
     # The fused limited statement gives back the slot of the job it records as done ...
     assert Limit.objects.get(tenant="a").running == 0
     with connection.cursor() as cur:
@@ -147,15 +135,7 @@ def test_the_fused_limited_statement_reuses_at_once_the_slot_it_gives_back():
     first, second, third = enqueue(3, "a")
     (started,) = once(True).jobs
     assert (started.id, Limit.objects.get(tenant="a").running) == (first, 1)
-    with connection.cursor() as cur:
-        got = claim_store.claim_once(
-            cur,
-            worker="w",
-            queues=["default"],
-            limit=10,
-            limited=True,
-            results=[(started.id, started.attempt, None)],
-        )
+    got = once(True, limit=10, done=[started])
     assert got.recorded == {first}
     assert [j.id for j in got.jobs] == [second]
     assert got.jobs[0].limit_ids == [Limit.objects.get(tenant="a").id]
