@@ -260,7 +260,9 @@ returned_lock AS (SELECT NULL::bigint AS id, NULL::bigint AS n WHERE FALSE),"""
     return f"""
 returned AS MATERIALIZED (
     SELECT u.lid, count(*) AS n
-      FROM {rows} r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid) GROUP BY u.lid
+      FROM {rows} r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid)
+     WHERE r.limit_ids IS NOT NULL
+     GROUP BY u.lid
 ),
 returned_lock AS MATERIALIZED (
     SELECT l.id, r.n FROM pgqueue_limit l JOIN returned r ON r.lid = l.id
@@ -276,6 +278,7 @@ def _row_ranks(name: str, jobs: str) -> str:
            row_number() OVER (PARTITION BY u.lid ORDER BY c.priority DESC, c.vtime, c.id)
                AS rank
       FROM {jobs} c CROSS JOIN LATERAL unnest(c.ids) AS u(lid)
+     WHERE c.ids <> '{{}}'  -- no function scan for a job counted in no row
 ),"""
 
 
@@ -385,7 +388,7 @@ held AS MATERIALIZED (
 row_lock AS MATERIALIZED (
     SELECT l.id, {_free("COALESCE(r.n, 0)")} AS free, {_TOKENS} AS avail
       FROM pgqueue_limit l LEFT JOIN returned_lock r ON r.id = l.id
-     WHERE l.id = ANY(ARRAY(SELECT DISTINCT unnest(ids) FROM held))
+     WHERE l.id = ANY(ARRAY(SELECT DISTINCT unnest(ids) FROM held WHERE ids <> '{{}}'))
      ORDER BY l.id
        FOR UPDATE OF l SKIP LOCKED
 ),
@@ -403,7 +406,9 @@ counted AS (
            refilled_at = CASE WHEN l.rate_count IS NULL OR t.n IS NULL THEN l.refilled_at
                               ELSE {NOW} END
       FROM (SELECT u.lid, count(*) AS n
-              FROM final f CROSS JOIN LATERAL unnest(f.ids) AS u(lid) GROUP BY u.lid) t
+              FROM final f CROSS JOIN LATERAL unnest(f.ids) AS u(lid)
+             WHERE f.ids <> '{{}}'
+             GROUP BY u.lid) t
       FULL JOIN returned_lock r ON r.id = t.lid
       LEFT JOIN row_lock k ON k.id = t.lid
      WHERE l.id = COALESCE(t.lid, r.id)
