@@ -296,9 +296,12 @@ def _row_ranks(name: str, jobs: str) -> str:
 # - ``budget``: per queue, the starts its own row allows (none: %(limit)s).
 # - ``groups``: the limited (queue, tenant) pairs, each with its rows and its room (the
 #   least of theirs and the queue's).
-# - ``open_jobs``: the ungated scan of the plain claim, LIMIT the queue's budget, locked
-#   SKIP LOCKED. A job of a tenant limited since it was queued (``stale``: its pair is in
-#   ``groups``) is gated instead of run (it is locked already): each is seen once.
+# - ``open_jobs``: the ungated scan of the plain claim, LIMIT the jobs asked for (a number:
+#   see CLAIM_LIMIT), none when the queue's budget is 0, locked SKIP LOCKED; the queue's
+#   own row keeps the picks within its room (it is among their rows). A job of a tenant
+#   limited since it was queued (``stale``: its pair is in ``groups`` and limits) is gated
+#   instead of run, by the UPDATE that leases the others (it is locked already): each is
+#   seen once.
 # - ``gated_jobs``: each group with room offers its next jobs of pgqueue_job_gated, LIMIT
 #   that room, unlocked: a capped tenant (room 0) is skipped without reading its backlog.
 # - ``picked``: the best %(limit)s candidates whose rank in each of their rows is within the
