@@ -52,6 +52,18 @@ BACKOFF = (
     "%(backoff_base)s::float8 * power(2.0, GREATEST({attempts} - 1, 0)))"
 )
 
+
+def _retry_or_dead(out: str) -> str:
+    """The SET clauses of a failed attempt of job ``j``: dead (finished now) when ``out``
+    (SQL: no retry, e.g. out of attempts) holds, else scheduled after a full-jitter
+    backoff from now. Shared by JOB_FAIL_MANY, JOB_REAP_EXPIRED and JOB_REAP_TIMED_OUT."""
+    return f"""status = CASE WHEN {out} THEN 'dead' ELSE 'scheduled' END,
+           run_at = CASE WHEN {out} THEN j.run_at
+                         ELSE {NOW} + {BACKOFF.format(attempts="j.attempts")}
+                              * interval '1 second' END,
+           finished_at = CASE WHEN {out} THEN {NOW} END"""
+
+
 # Creates the tenant if new, inside JOB_ENQUEUE, JOB_ENQUEUE_SCHEDULED and QUEUE_WEIGHT_SET.
 # DO NOTHING takes no row lock on an existing tenant, so enqueues never queue behind a
 # weight change.
@@ -720,13 +732,7 @@ WITH input AS (
 ),
 failed AS (
     UPDATE pgqueue_job j
-       SET status = CASE WHEN i.permanent OR j.attempts >= j.max_attempts
-                         THEN 'dead' ELSE 'scheduled' END,
-           run_at = CASE WHEN i.permanent OR j.attempts >= j.max_attempts THEN j.run_at
-                         ELSE {NOW} + {BACKOFF.format(attempts="j.attempts")}
-                              * interval '1 second' END,
-           finished_at = CASE WHEN i.permanent OR j.attempts >= j.max_attempts
-                              THEN {NOW} END,
+       SET {_retry_or_dead("(i.permanent OR j.attempts >= j.max_attempts)")},
            last_error = i.error,
            lease_expires_at = NULL
       FROM input i
@@ -836,11 +842,7 @@ WITH expired AS MATERIALIZED (
 ),
 reaped AS (
     UPDATE pgqueue_job j
-       SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END,
-           run_at = CASE WHEN j.attempts >= j.max_attempts THEN j.run_at
-                         ELSE {NOW} + {BACKOFF.format(attempts="j.attempts")}
-                              * interval '1 second' END,
-           finished_at = CASE WHEN j.attempts >= j.max_attempts THEN {NOW} END,
+       SET {_retry_or_dead("j.attempts >= j.max_attempts")},
            last_error = 'lease expired: worker ' || e.lease_owner
                         || ' stopped renewing it (attempt ' || j.attempts || ')',
            lease_expires_at = NULL
@@ -1187,11 +1189,7 @@ WITH late AS MATERIALIZED (
 ),
 failed AS (
     UPDATE pgqueue_job j
-       SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END,
-           run_at = CASE WHEN j.attempts >= j.max_attempts THEN j.run_at
-                         ELSE {NOW} + {BACKOFF.format(attempts="j.attempts")}
-                              * interval '1 second' END,
-           finished_at = CASE WHEN j.attempts >= j.max_attempts THEN {NOW} END,
+       SET {_retry_or_dead("j.attempts >= j.max_attempts")},
            last_error = l.error, lease_expires_at = NULL
       FROM late l
      WHERE j.id = l.id
