@@ -311,7 +311,7 @@ def _row_ranks(name: str, jobs: str) -> str:
 # - ``open_jobs``: the ungated scan of the plain claim, LIMIT the jobs asked for (a number:
 #   see CLAIM_LIMIT), none when the queue's budget is 0, locked SKIP LOCKED; the queue's
 #   own row keeps the picks within its room (it is among their rows). A job of a tenant
-#   limited since it was queued (``stale``: its pair is in ``groups`` and limits) is gated
+#   limited since it was queued (``stale``: a probe of pgqueue_limit_scope) is gated
 #   instead of run, by the UPDATE that leases the others (it is locked already): each is
 #   seen once.
 # - ``gated_jobs``: each group with room offers its next jobs of pgqueue_job_gated, LIMIT
@@ -330,8 +330,7 @@ claim_queues AS MATERIALIZED (
     SELECT name, ord FROM unnest({CLAIM_QUEUES}) WITH ORDINALITY AS q(name, ord)
 ),
 lim AS MATERIALIZED (
-    SELECT l.id, l.queue, l.tenant, {_free("COALESCE(r.n, 0)")} AS free,
-           {_limiting("l")} AS limiting
+    SELECT l.id, l.queue, l.tenant, {_free("COALESCE(r.n, 0)")} AS free
       FROM pgqueue_limit l LEFT JOIN returned_lock r ON r.id = l.id
      WHERE CASE WHEN l.tenant = '' THEN l.queue IN (SELECT name FROM claim_queues)
                                         AND {_limiting("l")}
@@ -343,14 +342,13 @@ budget AS MATERIALIZED (
 ),
 groups AS MATERIALIZED (
     SELECT b.name AS queue, b.ord, b.qid, l.tenant, array_agg(l.id ORDER BY l.id) AS ids,
-           LEAST(min(l.free), min(b.free)) AS room, bool_or(l.limiting) AS limiting
+           LEAST(min(l.free), min(b.free)) AS room
       FROM budget b JOIN lim l ON l.tenant <> '' AND l.queue IN ('', b.name)
      GROUP BY b.name, b.ord, b.qid, l.tenant
 ),
 open_jobs AS MATERIALIZED (
     SELECT j.id, j.tenant, j.priority, j.vtime, b.ord, b.name AS queue, b.qid,
-           EXISTS (SELECT 1 FROM groups g
-                    WHERE g.queue = b.name AND g.tenant = j.tenant AND g.limiting) AS stale
+           {_gated("j.tenant", "b.name")} AS stale
       FROM budget b
      CROSS JOIN LATERAL (
            SELECT id, tenant, priority, vtime FROM pgqueue_job
