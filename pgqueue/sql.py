@@ -38,7 +38,7 @@ CLAIM_LIMIT = "%(limit)s"
 #: costs what the generic plan does.
 CLAIM_QUEUES = "(SELECT %(queues)s::text[])"
 #: The comment beside a BY_ID condition.
-BY_ID = "the same as the join: a pgqueue_job_pkey lookup in any plan"
+BY_ID = "by id: a pgqueue_job_pkey lookup in any plan"
 
 
 def claim_limit(statement: str, limit: int) -> str:
@@ -261,23 +261,26 @@ def _free(given: str) -> str:
         %(limit)s), 0) END"""
 
 
-def _returned(rows: str | None) -> str:
-    """The limited claim's first CTEs: the slots that the jobs of ``rows`` (a CTE of jobs
-    leaving 'running' in the same statement, returning their ``limit_ids``; None: none)
-    give back, per limit row, and those rows locked in id order, waiting (a decrement is
-    never skipped), before any other limit row is locked (see _CLAIM)."""
+def _given_back(rows: str | None) -> str:
+    """CTEs ending in ``uncount_lock``: the limit rows that the jobs of ``rows`` (a CTE of
+    jobs leaving 'running' in the same statement, returning their ``limit_ids``; None:
+    none) were counted in, each with how many of them (``n``), locked in id order, waiting
+    (a decrement is never skipped): the order every claim locks them in, so exits and
+    claims never deadlock. A batch without a limited job reads nothing. The exits then
+    decrement them (_uncount); the fused limited claim nets them against its own starts,
+    having taken these locks before any SKIP LOCKED one (see _CLAIM)."""
     if rows is None:
         return """
-returned_lock AS (SELECT NULL::bigint AS id, NULL::bigint AS n WHERE FALSE),"""
+uncount_lock AS (SELECT NULL::bigint AS id, NULL::bigint AS n WHERE FALSE),"""
     return f"""
-returned AS MATERIALIZED (
+uncount_n AS MATERIALIZED (
     SELECT u.lid, count(*) AS n
       FROM {rows} r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid)
      WHERE r.limit_ids IS NOT NULL
      GROUP BY u.lid
 ),
-returned_lock AS MATERIALIZED (
-    SELECT l.id, r.n FROM pgqueue_limit l JOIN returned r ON r.lid = l.id
+uncount_lock AS MATERIALIZED (
+    SELECT l.id, u.n FROM pgqueue_limit l JOIN uncount_n u ON u.lid = l.id
      ORDER BY l.id FOR UPDATE OF l
 ),"""
 
@@ -294,7 +297,7 @@ def _row_ranks(name: str, jobs: str) -> str:
 ),"""
 
 
-# The limited claim's CTEs (after _returned), ending in ``final`` (the jobs to lease, with
+# The limited claim's CTEs (after _given_back), ending in ``final`` (the jobs to lease, with
 # the limit rows each counts in) and ``counted`` (each such row's counter moved by the jobs
 # it starts less those it gives back, its tokens spent); see JOB_CLAIM_LIMITED. One shape
 # for one queue or several: each queue offers its best jobs and they are interleaved rank
@@ -304,7 +307,7 @@ def _row_ranks(name: str, jobs: str) -> str:
 # - ``lim``: the limit rows that limit something in these queues (a tenant's, a tenant's in
 #   one of them, a queue's own), with their room in the snapshot (the slots given back in
 #   this statement counted free): a hint, checked under the rows' locks below. It reads
-#   ``returned_lock``, so every waiting lock is taken before the first SKIP LOCKED one.
+#   ``uncount_lock``, so every waiting lock is taken before the first SKIP LOCKED one.
 # - ``budget``: per queue, the starts its own row allows (none: %(limit)s).
 # - ``groups``: the limited (queue, tenant) pairs, each with its rows and its room (the
 #   least of theirs and the queue's).
@@ -331,7 +334,7 @@ claim_queues AS MATERIALIZED (
 ),
 lim AS MATERIALIZED (
     SELECT l.id, l.queue, l.tenant, {_free("COALESCE(r.n, 0)")} AS free
-      FROM pgqueue_limit l LEFT JOIN returned_lock r ON r.id = l.id
+      FROM pgqueue_limit l LEFT JOIN uncount_lock r ON r.id = l.id
      WHERE CASE WHEN l.tenant = '' THEN l.queue IN (SELECT name FROM claim_queues)
                                         AND {_limiting("l")}
                 ELSE l.queue = '' OR l.queue IN (SELECT name FROM claim_queues) END
@@ -400,7 +403,7 @@ held AS MATERIALIZED (
 ),
 row_lock AS MATERIALIZED (
     SELECT l.id, {_free("COALESCE(r.n, 0)")} AS free, {_TOKENS} AS avail
-      FROM pgqueue_limit l LEFT JOIN returned_lock r ON r.id = l.id
+      FROM pgqueue_limit l LEFT JOIN uncount_lock r ON r.id = l.id
      WHERE l.id = ANY(ARRAY(SELECT DISTINCT unnest(ids) FROM held WHERE ids <> '{{}}'))
      ORDER BY l.id
        FOR UPDATE OF l SKIP LOCKED
@@ -422,16 +425,15 @@ counted AS (
               FROM final f CROSS JOIN LATERAL unnest(f.ids) AS u(lid)
              WHERE f.ids <> '{{}}'
              GROUP BY u.lid) t
-      FULL JOIN returned_lock r ON r.id = t.lid
+      FULL JOIN uncount_lock r ON r.id = t.lid
       LEFT JOIN row_lock k ON k.id = t.lid
      WHERE l.id = COALESCE(t.lid, r.id)
 ),"""
 
 
-def _claim_update(limit_ids: str, jobs: str = "picked") -> str:
-    """The claim's last CTE, ``claimed``: lease the jobs of ``jobs`` (a CTE of ids), each
-    recording the limit rows it was counted in (``limit_ids``, an expression of it)."""
-    return f"""
+# The plain claim's last CTE, ``claimed``: lease the ``picked`` jobs (counted in no limit
+# row), found by id (BY_ID).
+_PLAIN_UPDATE = f"""
 claimed AS (
     UPDATE pgqueue_job j
        SET status = 'running',
@@ -439,9 +441,8 @@ claimed AS (
            lease_owner = %(worker)s,
            lease_expires_at = {NOW} + %(lease)s * interval '1 second',
            started_at = {NOW},
-           limit_ids = {limit_ids}
-      FROM {jobs}
-     WHERE j.id = {jobs}.id AND j.id = ANY(ARRAY(SELECT id FROM {jobs}))  -- {BY_ID}
+           limit_ids = NULL
+     WHERE j.id = ANY(ARRAY(SELECT id FROM picked))  -- {BY_ID}
     RETURNING j.id, j.task, j.payload::text AS payload, j.tenant, j.queue, j.priority,
               j.attempts, j.max_attempts, j.lease_expires_at, j.vtime, j.timeout_seconds,
               j.limit_ids
@@ -531,7 +532,6 @@ picked AS (
      ORDER BY priority DESC, rank, ord
      LIMIT {CLAIM_LIMIT}
 ),"""
-_PLAIN_UPDATE = _claim_update("NULL")
 
 
 def _switch(when: str, is_claim: str = "") -> str:
@@ -542,22 +542,12 @@ def _switch(when: str, is_claim: str = "") -> str:
 
 def _uncount(rows: str) -> str:
     """CTEs that give back the limit rows the jobs of ``rows`` (a CTE of jobs leaving
-    'running', returning their ``limit_ids``) were counted in. The rows are locked in id
-    order first, waiting (a decrement is never skipped): the order every claim locks them
-    in, so exits and claims never deadlock. A batch without a limited job reads nothing."""
-    return f"""
-uncount_n AS MATERIALIZED (
-    SELECT u.lid, count(*) AS n
-      FROM {rows} r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid) GROUP BY u.lid
-),
-uncount_lock AS MATERIALIZED (
-    SELECT l.id FROM pgqueue_limit l
-     WHERE l.id IN (SELECT lid FROM uncount_n) ORDER BY l.id FOR UPDATE
-),
+    'running', returning their ``limit_ids``) were counted in (see _given_back)."""
+    return f"""{_given_back(rows)}
 uncounted AS (
-    UPDATE pgqueue_limit l SET running = GREATEST(l.running - u.n, 0)
-      FROM uncount_n u JOIN uncount_lock k ON k.id = u.lid
-     WHERE l.id = u.lid
+    UPDATE pgqueue_limit l SET running = GREATEST(l.running - k.n, 0)
+      FROM uncount_lock k
+     WHERE l.id = k.id
 )"""
 
 
@@ -632,7 +622,7 @@ JOB_CLAIM_MANY_QUEUES = (
 # Called by: claim_store.claim_once, when JOB_CLAIM (or the previous limited claim) said a
 #   limit row applies to the worker's queues.
 JOB_CLAIM_LIMITED = (
-    f"WITH {_returned(None)}{_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
+    f"WITH {_given_back(None)}{_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
     + _switch(_NO_LIMITS)
 )
 
@@ -693,7 +683,7 @@ JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
 
 # -- name: JOB_COMPLETE_AND_CLAIM_LIMITED
 # JOB_COMPLETE_MANY and JOB_CLAIM_LIMITED in one statement, for one queue or several: the
-# slots the recorded jobs were counted in are given back (``returned``) and may be taken
+# slots the recorded jobs were counted in are given back (_given_back) and may be taken
 # again at once by the claim; each limit row's counter moves once, by the net change.
 # Locks: the recorded rows (PK); their limit rows in id order, waiting (a decrement is
 #   never skipped), before any other limit row; then as JOB_CLAIM_LIMITED (every other
@@ -704,7 +694,7 @@ JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
 # Called by: claim_store.claim_once, from the worker runtime in its steady state while a
 #   limit applies to its queues.
 JOB_COMPLETE_AND_CLAIM_LIMITED = (
-    f"WITH {_COMPLETE},{_returned('done')}{_CLAIM}{_CLAIM_UPDATE}"
+    f"WITH {_COMPLETE},{_given_back('done')}{_CLAIM}{_CLAIM_UPDATE}"
     + _COMPLETE_AND_CLAIM
     + _switch(_NO_LIMITS, "TRUE, ")
 )
