@@ -451,8 +451,16 @@ claimed AS (
 
 # The limited claim's last CTEs: lease the ``final`` jobs, each recording the limit rows
 # it was counted in, and gate the stale ones it met, in one UPDATE (each UPDATE of
-# pgqueue_job costs its executor set-up, even with no row to change).
+# pgqueue_job costs its executor set-up, even with no row to change). The jobs' claim time
+# (``started_at``, the lease's start) is taken once the statement holds its limit rows
+# (``claimed_at``), not at its start (now()): a statement that waited for an exit's lock
+# on a row and then took the slot that exit freed would otherwise show its job started
+# before the exit, an overlap the counter never had, in the attempt history.
 _CLAIM_UPDATE = f"""
+claimed_at AS MATERIALIZED (
+    SELECT COALESCE(%(now)s::timestamptz, clock_timestamp()) AS at
+      FROM (SELECT count(*) FROM row_lock) locked  -- after the limit rows' locks
+),
 touched AS MATERIALIZED (
     SELECT id, NULLIF(ids, '{{}}') AS ids, TRUE AS run FROM final
     UNION ALL
@@ -464,12 +472,12 @@ leased AS (
            attempts = j.attempts + t.run::int,
            lease_owner = CASE WHEN t.run THEN %(worker)s ELSE j.lease_owner END,
            lease_expires_at = CASE WHEN t.run
-                                   THEN {NOW} + %(lease)s * interval '1 second'
+                                   THEN c.at + %(lease)s * interval '1 second'
                                    ELSE j.lease_expires_at END,
-           started_at = CASE WHEN t.run THEN {NOW} ELSE j.started_at END,
+           started_at = CASE WHEN t.run THEN c.at ELSE j.started_at END,
            limit_ids = CASE WHEN t.run THEN t.ids ELSE j.limit_ids END,
            gated = j.gated OR NOT t.run
-      FROM touched t
+      FROM touched t CROSS JOIN claimed_at c
      WHERE j.id = t.id AND j.id = ANY(ARRAY(SELECT id FROM touched))  -- {BY_ID}
     RETURNING t.run, j.id, j.task, j.payload::text AS payload, j.tenant, j.queue,
               j.priority, j.attempts, j.max_attempts, j.lease_expires_at, j.vtime,

@@ -58,9 +58,9 @@ def test_a_tenant_cap_of_3_is_never_exceeded_by_8_workers_of_16_threads(workers)
     snapshot of ``running``, and the test failed 3 runs out of 3 (24 of a tenant's jobs at
     once: 3 per process).
 
-    (started_at and finished_at are their transactions' start times: a completion that both
-    began and committed inside a claim statement's sub-millisecond window before its lock
-    would show as an overlap the counter never had; not seen in practice.)"""
+    (finished_at is its statement's start time, started_at the claim's time once it holds
+    its limit rows: a claim that took a slot after waiting for, or skipping, the lock of
+    the exit that freed it shows as starting after that exit, as the counter had it.)"""
     for tenant in CAPPED:
         limits.set_tenant_limits(tenant, max_running=3)
     fast = {"POLL_SECONDS": 0.05, "MAINTENANCE_SECONDS": 0.5}
