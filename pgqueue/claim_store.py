@@ -71,7 +71,13 @@ def complete_params(results: Sequence[tuple[int, int, str | None]]) -> dict[str,
 def _statement(fused: bool, limited: bool, many: bool, limit: int) -> str:
     """The claim statement to run, its LIMITs written as ``limit`` (sql.claim_limit): one
     statement text per number of jobs asked for, each prepared once by the connection."""
-    if limited:
+    if limited and many:
+        statement = (
+            sql.JOB_COMPLETE_AND_CLAIM_LIMITED_MANY_QUEUES
+            if fused
+            else sql.JOB_CLAIM_LIMITED_MANY_QUEUES
+        )
+    elif limited:
         statement = sql.JOB_COMPLETE_AND_CLAIM_LIMITED if fused else sql.JOB_CLAIM_LIMITED
     elif fused:
         statement = sql.JOB_COMPLETE_AND_CLAIM_MANY_QUEUES if many else sql.JOB_COMPLETE_AND_CLAIM

@@ -268,7 +268,7 @@ def _given_back(rows: str | None) -> str:
     (a decrement is never skipped): the order every claim locks them in, so exits and
     claims never deadlock. A batch without a limited job reads nothing. The exits then
     decrement them (_uncount); the fused limited claim nets them against its own starts,
-    having taken these locks before any SKIP LOCKED one (see _CLAIM)."""
+    having taken these locks before any SKIP LOCKED one (see _claim)."""
     if rows is None:
         return """
 uncount_lock AS (SELECT NULL::bigint AS id, NULL::bigint AS n WHERE FALSE),"""
@@ -285,73 +285,88 @@ uncount_lock AS MATERIALIZED (
 ),"""
 
 
-def _row_ranks(name: str, jobs: str) -> str:
-    """The CTE ``name``: each job of ``jobs`` (a CTE with ids, the limit rows each counts
-    in) ranked, in claim order, among the jobs of ``jobs`` that count in the same row."""
-    return f"""{name} AS MATERIALIZED (
-    SELECT c.id, u.lid,
-           row_number() OVER (PARTITION BY u.lid ORDER BY c.priority DESC, c.vtime, c.id)
-               AS rank
-      FROM {jobs} c CROSS JOIN LATERAL unnest(c.ids) AS u(lid)
-     WHERE c.ids <> '{{}}'  -- no function scan for a job counted in no row
-),"""
-
-
 # The limited claim's CTEs (after _given_back), ending in ``final`` (the jobs to lease, with
 # the limit rows each counts in) and ``counted`` (each such row's counter moved by the jobs
-# it starts less those it gives back, its tokens spent); see JOB_CLAIM_LIMITED. One shape
-# for one queue or several: each queue offers its best jobs and they are interleaved rank
-# by rank (priority first), because vtimes of different queues are not comparable; with one
-# queue that is plain (priority DESC, vtime, id) order. Choose first, from the snapshot,
-# and lock and check only what was chosen:
-# - ``lim``: the limit rows that limit something in these queues (a tenant's, a tenant's in
-#   one of them, a queue's own), with their room in the snapshot (the slots given back in
-#   this statement counted free): a hint, checked under the rows' locks below. It reads
+# it starts less those it gives back, its tokens spent); see JOB_CLAIM_LIMITED. With one
+# queue, candidates are taken in plain (priority DESC, vtime, id) order; with several
+# (``many``), each queue offers its best jobs and they are interleaved rank by rank
+# (priority first), because vtimes of different queues are not comparable. Choose first,
+# from the snapshot, and lock and check only what was chosen:
+# - ``lim``: the limit rows that apply to these queues (a tenant's, a tenant's in one of
+#   them, a queue's own), with their room in the snapshot (the slots given back in this
+#   statement counted free): a hint, checked under the rows' locks below. It reads
 #   ``uncount_lock``, so every waiting lock is taken before the first SKIP LOCKED one.
 # - ``budget``: per queue, the starts its own row allows (none: %(limit)s).
-# - ``groups``: the limited (queue, tenant) pairs, each with its rows and its room (the
-#   least of theirs and the queue's).
+# - ``groups``: the (queue, tenant) pairs with a row, each with its rows, its room (the
+#   least of theirs and the queue's) and whether one of them limits something (its jobs
+#   are then gated: _gated, read from ``lim`` instead of probed per job).
 # - ``open_jobs``: the ungated scan of the plain claim, LIMIT the jobs asked for (a number:
 #   see CLAIM_LIMIT), none when the queue's budget is 0, locked SKIP LOCKED; the queue's
 #   own row keeps the picks within its room (it is among their rows). A job of a tenant
-#   limited since it was queued (``stale``: a probe of pgqueue_limit_scope) is gated
-#   instead of run, by the UPDATE that leases the others (it is locked already): each is
-#   seen once.
+#   limited since it was queued (``stale``: its group limits something) is gated instead
+#   of run, by the UPDATE that leases the others (it is locked already): each is seen once.
 # - ``gated_jobs``: each group with room offers its next jobs of pgqueue_job_gated, LIMIT
 #   that room, unlocked: a capped tenant (room 0) is skipped without reading its backlog.
-# - ``picked``: the best %(limit)s candidates whose rank in each of their rows is within the
-#   row's room in the snapshot (a tenant-wide row is shared by the queues).
+# - ``ranks``: each candidate's rank, in claim order, among the candidates counting in the
+#   same row; ``picked``: the best %(limit)s candidates whose rank in each of their rows
+#   is within the row's room in the snapshot (a tenant-wide row is shared by the queues).
 # - ``gated_locked``: the gated jobs picked, locked now, SKIP LOCKED, and still queued at
 #   their newest version (READ COMMITTED re-reads a row changed since the snapshot).
-# - ``row_lock``: the rows the held picks count in, locked in id order, SKIP LOCKED (a row
-#   another claim holds is left this once: still exact, never waiting). Each is re-read at
-#   its newest version before the lock is granted and ``free`` is evaluated on that
-#   version: the truth, not the snapshot (a count(*) of running jobs would overshoot).
-# - ``final``: the held picks whose rank in each of their rows is within its true room.
-_CLAIM = f"""
-claim_queues AS MATERIALIZED (
-    SELECT name, ord FROM unnest({CLAIM_QUEUES}) WITH ORDINALITY AS q(name, ord)
-),
+# - ``row_lock``: the rows the picks count in (a gated one once locked), in id order, SKIP
+#   LOCKED (a row another claim holds is left this once: still exact, never waiting). Each
+#   is re-read at its newest version before the lock is granted and ``free`` is evaluated
+#   on that version: the truth, not the snapshot (a count(*) of running jobs would
+#   overshoot).
+# - ``final``: the picks counted in no row (ungated, locked already: nothing to check),
+#   and the others, a gated one once locked, whose rank in each of their rows is within
+#   its true room. The ranks are the candidates', which a pick's rank among the picks
+#   never exceeds: a row never starts more than its room (distinct ranks, each within
+#   it); under a race it may start fewer than it could, this once.
+# The checks are arrays built once (InitPlans) rather than joins per candidate, and a row
+# whose counter and tokens do not change is not written: the statement's size over the
+# plain claim is what limits cost the jobs of tenants they do not limit (bench.limits).
+def _claim(many: bool) -> str:
+    """The limited claim's CTEs (above), for one queue or several (``many``)."""
+    # A candidate counted in no row is never over a room; the others are looked up in one
+    # array (an InitPlan, read once), not by a join per candidate.
+    room = "(c.ids = '{}' OR c.id <> ALL(ARRAY(SELECT id FROM ranks WHERE rank > free)))"
+    if many:
+        picked = f"""SELECT id, ids, gated FROM (
+        SELECT id, ids, gated, priority, ord,
+               row_number() OVER (PARTITION BY ord ORDER BY priority DESC, vtime, id) AS rank
+          FROM candidates c
+         WHERE {room}) c
+     ORDER BY priority DESC, rank, ord"""
+        stale = "g.limiting IS TRUE"
+        groups = "LEFT JOIN groups g ON g.queue = b.name AND g.tenant = j.tenant"
+    else:
+        picked = f"""SELECT id, ids, gated FROM candidates c
+     WHERE {room}
+     ORDER BY priority DESC, vtime, id"""
+        # One queue: its limited tenants in one array (an InitPlan), not a join per job.
+        stale = "j.tenant = ANY(ARRAY(SELECT tenant FROM groups WHERE limiting))"
+        groups = ""
+    return f"""
 lim AS MATERIALIZED (
-    SELECT l.id, l.queue, l.tenant, {_free("COALESCE(r.n, 0)")} AS free
+    SELECT l.id, l.queue, l.tenant, {_limiting("l")} AS limiting,
+           {_free("COALESCE(r.n, 0)")} AS free
       FROM pgqueue_limit l LEFT JOIN uncount_lock r ON r.id = l.id
-     WHERE CASE WHEN l.tenant = '' THEN l.queue IN (SELECT name FROM claim_queues)
-                                        AND {_limiting("l")}
-                ELSE l.queue = '' OR l.queue IN (SELECT name FROM claim_queues) END
+     WHERE CASE WHEN l.tenant = '' THEN l.queue = ANY(%(queues)s::text[]) AND {_limiting("l")}
+                ELSE l.queue = '' OR l.queue = ANY(%(queues)s::text[]) END
 ),
 budget AS MATERIALIZED (
     SELECT q.name, q.ord, g.id AS qid, COALESCE(g.free, %(limit)s) AS free
-      FROM claim_queues q LEFT JOIN lim g ON g.tenant = '' AND g.queue = q.name
+      FROM unnest({CLAIM_QUEUES}) WITH ORDINALITY AS q(name, ord)
+      LEFT JOIN lim g ON g.tenant = '' AND g.queue = q.name
 ),
 groups AS MATERIALIZED (
     SELECT b.name AS queue, b.ord, b.qid, l.tenant, array_agg(l.id ORDER BY l.id) AS ids,
-           LEAST(min(l.free), min(b.free)) AS room
+           LEAST(min(l.free), min(b.free)) AS room, bool_or(l.limiting) AS limiting
       FROM budget b JOIN lim l ON l.tenant <> '' AND l.queue IN ('', b.name)
      GROUP BY b.name, b.ord, b.qid, l.tenant
 ),
 open_jobs AS MATERIALIZED (
-    SELECT j.id, j.tenant, j.priority, j.vtime, b.ord, b.name AS queue, b.qid,
-           {_gated("j.tenant", "b.name")} AS stale
+    SELECT j.id, j.priority, j.vtime, b.ord, b.qid, {stale} AS stale
       FROM budget b
      CROSS JOIN LATERAL (
            SELECT id, tenant, priority, vtime FROM pgqueue_job
@@ -360,6 +375,7 @@ open_jobs AS MATERIALIZED (
             LIMIT {CLAIM_LIMIT}
               FOR UPDATE SKIP LOCKED
      ) j
+      {groups}
      WHERE b.free > 0
 ),
 gated_jobs AS MATERIALIZED (
@@ -380,15 +396,16 @@ candidates AS MATERIALIZED (
     UNION ALL
     SELECT id, priority, vtime, ord, TRUE, ids FROM gated_jobs
 ),
-{_row_ranks("ranks", "candidates")}
+ranks AS MATERIALIZED (
+    SELECT c.id, u.lid, l.free,
+           row_number() OVER (PARTITION BY u.lid ORDER BY c.priority DESC, c.vtime, c.id)
+               AS rank
+      FROM candidates c CROSS JOIN LATERAL unnest(c.ids) AS u(lid)
+      JOIN lim l ON l.id = u.lid
+     WHERE c.ids <> '{{}}'  -- no function scan for a job counted in no row
+),
 picked AS MATERIALIZED (
-    SELECT id, ids, gated, priority, vtime FROM (
-        SELECT id, ids, gated, priority, vtime, ord,
-               row_number() OVER (PARTITION BY ord ORDER BY priority DESC, vtime, id) AS rank
-          FROM candidates c
-         WHERE NOT EXISTS (SELECT 1 FROM ranks r JOIN lim l ON l.id = r.lid
-                            WHERE r.id = c.id AND r.rank > l.free)) c
-     ORDER BY priority DESC, rank, ord
+    {picked}
      LIMIT {CLAIM_LIMIT}
 ),
 gated_locked AS MATERIALIZED (
@@ -397,22 +414,21 @@ gated_locked AS MATERIALIZED (
        AND status = 'queued' AND gated
        FOR UPDATE SKIP LOCKED
 ),
-held AS MATERIALIZED (
-    SELECT id, ids, priority, vtime FROM picked
-     WHERE NOT gated OR id IN (SELECT id FROM gated_locked)
-),
 row_lock AS MATERIALIZED (
     SELECT l.id, {_free("COALESCE(r.n, 0)")} AS free, {_TOKENS} AS avail
       FROM pgqueue_limit l LEFT JOIN uncount_lock r ON r.id = l.id
-     WHERE l.id = ANY(ARRAY(SELECT DISTINCT unnest(ids) FROM held WHERE ids <> '{{}}'))
+     WHERE l.id = ANY(ARRAY(SELECT DISTINCT unnest(ids) FROM picked
+                             WHERE ids <> '{{}}'
+                               AND (NOT gated OR id IN (SELECT id FROM gated_locked))))
      ORDER BY l.id
        FOR UPDATE OF l SKIP LOCKED
 ),
-{_row_ranks("held_ranks", "held")}
 final AS MATERIALIZED (
-    SELECT id, ids FROM held h
-     WHERE NOT EXISTS (SELECT 1 FROM held_ranks r LEFT JOIN row_lock k ON k.id = r.lid
-                        WHERE r.id = h.id AND (k.id IS NULL OR r.rank > k.free))
+    SELECT id, ids FROM picked p
+     WHERE p.ids = '{{}}'  -- counted in no row (so ungated, locked): nothing to check
+        OR ((NOT p.gated OR p.id IN (SELECT id FROM gated_locked))
+            AND p.id <> ALL(ARRAY(SELECT r.id FROM ranks r LEFT JOIN row_lock k ON k.id = r.lid
+                                   WHERE k.id IS NULL OR r.rank > k.free)))
 ),
 counted AS (
     UPDATE pgqueue_limit l
@@ -428,6 +444,9 @@ counted AS (
       FULL JOIN uncount_lock r ON r.id = t.lid
       LEFT JOIN row_lock k ON k.id = t.lid
      WHERE l.id = COALESCE(t.lid, r.id)
+       -- a row whose counter and tokens stay as they are is not written (a slot given back
+       -- and taken again in one statement: the steady state of a busy capped tenant)
+       AND (COALESCE(t.n, 0) <> COALESCE(r.n, 0) OR l.rate_count IS NOT NULL AND t.n > 0)
 ),"""
 
 
@@ -613,8 +632,8 @@ JOB_CLAIM_MANY_QUEUES = (
 )
 
 # -- name: JOB_CLAIM_LIMITED
-# Claim up to %(limit)s runnable jobs of one queue or several for one worker, as JOB_CLAIM,
-# within every limit that applies (see _CLAIM: the ungated jobs and each limited tenant's
+# Claim up to %(limit)s runnable jobs of one queue for one worker, as JOB_CLAIM, within
+# every limit that applies (see _claim: the ungated jobs and each limited tenant's
 # gated ones, merged in claim order), each job recording the limit rows it was counted in.
 # Returns them with _CLAIMED_COLUMNS, and one row of NULLs (_switch) when no limit row
 # applies to the queues any more (in this statement's snapshot): the caller goes back to
@@ -630,8 +649,18 @@ JOB_CLAIM_MANY_QUEUES = (
 # Called by: claim_store.claim_once, when JOB_CLAIM (or the previous limited claim) said a
 #   limit row applies to the worker's queues.
 JOB_CLAIM_LIMITED = (
-    f"WITH {_given_back(None)}{_CLAIM}{_CLAIM_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
-    + _switch(_NO_LIMITS)
+    f"WITH {_given_back(None)}{_claim(False)}{_CLAIM_UPDATE}"
+    f"\nSELECT {_CLAIMED_COLUMNS} FROM claimed" + _switch(_NO_LIMITS)
+)
+
+# -- name: JOB_CLAIM_LIMITED_MANY_QUEUES
+# JOB_CLAIM_LIMITED for a worker of several queues: each queue offers its best jobs, and
+# the claim takes them rank by rank across queues (as JOB_CLAIM_MANY_QUEUES).
+# Locks, indexes: as JOB_CLAIM_LIMITED, one range scan per queue.
+# Called by: claim_store.claim_once with more than one queue.
+JOB_CLAIM_LIMITED_MANY_QUEUES = (
+    f"WITH {_given_back(None)}{_claim(True)}{_CLAIM_UPDATE}"
+    f"\nSELECT {_CLAIMED_COLUMNS} FROM claimed" + _switch(_NO_LIMITS)
 )
 
 # -- name: JOB_COMPLETE_MANY
@@ -690,7 +719,7 @@ JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
 )
 
 # -- name: JOB_COMPLETE_AND_CLAIM_LIMITED
-# JOB_COMPLETE_MANY and JOB_CLAIM_LIMITED in one statement, for one queue or several: the
+# JOB_COMPLETE_MANY and JOB_CLAIM_LIMITED in one statement, for one queue: the
 # slots the recorded jobs were counted in are given back (_given_back) and may be taken
 # again at once by the claim; each limit row's counter moves once, by the net change.
 # Locks: the recorded rows (PK); their limit rows in id order, waiting (a decrement is
@@ -702,7 +731,18 @@ JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
 # Called by: claim_store.claim_once, from the worker runtime in its steady state while a
 #   limit applies to its queues.
 JOB_COMPLETE_AND_CLAIM_LIMITED = (
-    f"WITH {_COMPLETE},{_given_back('done')}{_CLAIM}{_CLAIM_UPDATE}"
+    f"WITH {_COMPLETE},{_given_back('done')}{_claim(False)}{_CLAIM_UPDATE}"
+    + _COMPLETE_AND_CLAIM
+    + _switch(_NO_LIMITS, "TRUE, ")
+)
+
+# -- name: JOB_COMPLETE_AND_CLAIM_LIMITED_MANY_QUEUES
+# JOB_COMPLETE_AND_CLAIM_LIMITED for a worker of several queues (the claim of
+# JOB_CLAIM_LIMITED_MANY_QUEUES).
+# Locks, indexes: as JOB_COMPLETE_AND_CLAIM_LIMITED, one range scan per queue.
+# Called by: claim_store.claim_once with more than one queue.
+JOB_COMPLETE_AND_CLAIM_LIMITED_MANY_QUEUES = (
+    f"WITH {_COMPLETE},{_given_back('done')}{_claim(True)}{_CLAIM_UPDATE}"
     + _COMPLETE_AND_CLAIM
     + _switch(_NO_LIMITS, "TRUE, ")
 )

@@ -128,14 +128,15 @@ def test_maintenance_keeps_an_unlimited_row_whose_scope_still_has_gated_jobs():
     assert Limit.objects.get(tenant="a").running == 2
 
 
-def test_the_fused_limited_statement_reuses_at_once_the_slot_it_gives_back():
+@pytest.mark.parametrize("queues", [("default",), ("default", "other")])
+def test_the_fused_limited_statement_reuses_at_once_the_slot_it_gives_back(queues):
     """One statement records a capped tenant's job as done and starts its next one in the
     slot that frees: the counter moves by the net change (0 here), never above the cap."""
     limits.set_tenant_limits("a", max_running=1)
     first, second, third = enqueue(3, "a")
-    (started,) = once(True).jobs
+    (started,) = once(True, queues).jobs
     assert (started.id, Limit.objects.get(tenant="a").running) == (first, 1)
-    got = once(True, limit=10, done=[started])
+    got = once(True, queues, limit=10, done=[started])
     assert got.recorded == {first}
     assert [j.id for j in got.jobs] == [second]
     assert got.jobs[0].limit_ids == [Limit.objects.get(tenant="a").id]
@@ -143,17 +144,36 @@ def test_the_fused_limited_statement_reuses_at_once_the_slot_it_gives_back():
     assert Job.objects.get(id=third).status == "queued"
 
 
-def test_a_job_queued_before_its_tenant_was_limited_is_gated_by_the_claim_then_run_within_the_cap():
+@pytest.mark.parametrize("queues", [("default",), ("other", "default")])
+def test_a_job_queued_before_its_tenant_was_limited_is_gated_by_the_claim_then_run_within_the_cap(
+    queues,
+):
     """A limit row that appears without the jobs of its scope being gated (a race with an
     enqueue): the limited claim meets the stale jobs in the claim index, gates them instead
     of running them (in the same statement as the claim), and claims them within the cap
-    from then on."""
+    from then on. With several queues the stale jobs are told by their queue's groups."""
     ids = enqueue(3, "a")
     other = enqueue(1, "b")
     Limit.objects.create(tenant="a", queue="", max_running=1)  # no regate: as if raced
-    got = once(True)
+    got = once(True, queues)
     assert [j.id for j in got.jobs] == other
     assert set(Job.objects.filter(id__in=ids).values_list("status", "gated")) == {("queued", True)}
-    again = once(True)
+    again = once(True, queues)
     assert [j.id for j in again.jobs] == ids[:1]
     assert Limit.objects.get(tenant="a").running == 1
+
+
+def test_a_tenant_wide_cap_is_shared_by_the_queues_of_one_limited_claim():
+    """A worker of two queues claims a tenant capped at 3 across both: the claim interleaves
+    the queues rank by rank and starts 3 of the tenant's jobs in all, the best of each queue
+    first, beside every job of an uncapped tenant."""
+    limits.set_tenant_limits("a", max_running=3)
+    first = enqueue(3, "a", "q0")
+    second = enqueue(3, "a", "q1")
+    free = enqueue(2, "b", "q1")
+    got = once(True, ("q0", "q1"), limit=10)
+    capped = {j.id for j in got.jobs if j.tenant == "a"}
+    assert len(capped) == 3 and {first[0], second[0]} <= capped
+    assert {j.id for j in got.jobs if j.tenant == "b"} == set(free)
+    assert Limit.objects.get(tenant="a").running == 3
+    assert all(j.limit_ids for j in got.jobs if j.tenant == "a")
