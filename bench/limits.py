@@ -286,7 +286,7 @@ def chart(r: dict[str, Any], path: Path) -> None:
 
 def run(quick: bool, out_dir: Path) -> dict[str, Any]:
     exact_jobs, exact_runs = (300, 2) if quick else (2_000, 3)
-    cost_jobs, pairs = (5_000, 2) if quick else (20_000, 3)
+    cost_jobs, pairs = (5_000, 2) if quick else (20_000, 5)
     backlog = 50_000 if quick else 1_000_000
     rate_count, rate_jobs, rate_s = (20, 500, 5.0) if quick else (50, 5_000, 10.0)
 
@@ -359,6 +359,8 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             ],
         ],
     )
+    pair_ratios = [c / n for n, c in zip(rates["none"], rates["caps"], strict=True)]
+    report += "\neach pair, caps / no limits: " + " ".join(f"{r:.2f}" for r in pair_ratios)
     report += (
         f"\ncaps / no limits: {cost_ratio:.2f} (target >= 0.9: "
         f"{'met' if cost_ratio >= 0.9 else 'NOT met'}); {backlog:,}-job backlog / none: "

@@ -296,10 +296,12 @@ uncount_lock AS MATERIALIZED (
 #   them, a queue's own), with their room in the snapshot (the slots given back in this
 #   statement counted free): a hint, checked under the rows' locks below. It reads
 #   ``uncount_lock``, so every waiting lock is taken before the first SKIP LOCKED one.
-# - ``budget``: per queue, the starts its own row allows (none: %(limit)s).
-# - ``groups``: the (queue, tenant) pairs with a row, each with its rows, its room (the
-#   least of theirs and the queue's) and whether one of them limits something (its jobs
-#   are then gated: _gated, read from ``lim`` instead of probed per job).
+# - ``budget`` (several queues) or ``queue_row`` (one): per queue, its own row and the
+#   starts it allows (none: %(limit)s).
+# - ``groups``: the (queue, tenant) pairs with a row (one queue: the tenants), each with
+#   its rows, its room (the least of theirs and the queue's) and whether one of them
+#   limits something (its jobs are then gated: _gated, read from ``lim`` instead of
+#   probed per job).
 # - ``open_jobs``: the ungated scan of the plain claim, LIMIT the jobs asked for (a number:
 #   see CLAIM_LIMIT), none when the queue's budget is 0, locked SKIP LOCKED; the queue's
 #   own row keeps the picks within its room (it is among their rows). A job of a tenant
@@ -325,28 +327,63 @@ uncount_lock AS MATERIALIZED (
 # The checks are arrays built once (InitPlans) rather than joins per candidate, and a row
 # whose counter and tokens do not change is not written: the statement's size over the
 # plain claim is what limits cost the jobs of tenants they do not limit (bench.limits).
-def _claim(many: bool) -> str:
-    """The limited claim's CTEs (above), for one queue or several (``many``)."""
-    # A candidate counted in no row is never over a room; the others are looked up in one
-    # array (an InitPlan, read once), not by a join per candidate.
-    room = "(c.ids = '{}' OR c.id <> ALL(ARRAY(SELECT id FROM ranks WHERE rank > free)))"
-    if many:
-        picked = f"""SELECT id, ids, gated FROM (
-        SELECT id, ids, gated, priority, ord,
-               row_number() OVER (PARTITION BY ord ORDER BY priority DESC, vtime, id) AS rank
-          FROM candidates c
-         WHERE {room}) c
-     ORDER BY priority DESC, rank, ord"""
-        stale = "g.limiting IS TRUE"
-        groups = "LEFT JOIN groups g ON g.queue = b.name AND g.tenant = j.tenant"
-    else:
-        picked = f"""SELECT id, ids, gated FROM candidates c
-     WHERE {room}
-     ORDER BY priority DESC, vtime, id"""
-        # One queue: its limited tenants in one array (an InitPlan), not a join per job.
-        stale = "j.tenant = ANY(ARRAY(SELECT tenant FROM groups WHERE limiting))"
-        groups = ""
-    return f"""
+
+#: The limited claim's first CTEs for a worker of one queue: ``lim``, its queue's own row
+#: (``queue_row``, none or one), ``groups`` (tenants), ``open_jobs`` (the plain claim's
+#: scan, as JOB_CLAIM's), ``gated_jobs`` and ``candidates``; see _claim.
+_LIMITED_ONE_QUEUE = f"""
+lim AS MATERIALIZED (
+    SELECT l.id, l.tenant, {_limiting("l")} AS limiting, {_free("COALESCE(r.n, 0)")} AS free
+      FROM pgqueue_limit l LEFT JOIN uncount_lock r ON r.id = l.id
+     WHERE CASE WHEN l.tenant = '' THEN l.queue = (%(queues)s::text[])[1] AND {_limiting("l")}
+                ELSE l.queue IN ('', (%(queues)s::text[])[1]) END
+),
+queue_row AS MATERIALIZED (
+    SELECT (SELECT id FROM lim WHERE tenant = '') AS qid,
+           COALESCE((SELECT free FROM lim WHERE tenant = ''), %(limit)s) AS free
+),
+groups AS MATERIALIZED (
+    SELECT l.tenant, array_remove(array_agg(l.id) || (SELECT qid FROM queue_row), NULL) AS ids,
+           LEAST(min(l.free), (SELECT free FROM queue_row)) AS room,
+           bool_or(l.limiting) AS limiting
+      FROM lim l
+     WHERE l.tenant <> ''
+     GROUP BY l.tenant
+),
+open_jobs AS MATERIALIZED (
+    SELECT id, priority, vtime,
+           tenant = ANY(ARRAY(SELECT tenant FROM groups WHERE limiting)) AS stale
+      FROM pgqueue_job
+     WHERE queue = (%(queues)s::text[])[1] AND status = 'queued' AND NOT gated
+       AND (SELECT free FROM queue_row) > 0
+     ORDER BY priority DESC, vtime, id
+     LIMIT {CLAIM_LIMIT}
+       FOR UPDATE SKIP LOCKED
+),
+gated_jobs AS MATERIALIZED (
+    SELECT j.id, j.priority, j.vtime, g.ids
+      FROM groups g
+     CROSS JOIN LATERAL (
+           SELECT id, priority, vtime FROM pgqueue_job
+            WHERE queue = (%(queues)s::text[])[1] AND tenant = g.tenant
+              AND status = 'queued' AND gated
+            ORDER BY priority DESC, vtime, id
+            LIMIT g.room
+     ) j
+     WHERE g.room > 0
+),
+candidates AS MATERIALIZED (
+    SELECT id, priority, vtime, FALSE AS gated,
+           array_remove(ARRAY[(SELECT qid FROM queue_row)], NULL) AS ids
+      FROM open_jobs WHERE NOT stale
+    UNION ALL
+    SELECT id, priority, vtime, TRUE, ids FROM gated_jobs
+),"""
+
+#: The limited claim's first CTEs for a worker of several queues: as
+#: _LIMITED_ONE_QUEUE, with ``budget`` (each queue's own row, its rank ``ord`` in the
+#: worker's list) for ``queue_row``, and (queue, tenant) pairs for tenants; see _claim.
+_LIMITED_MANY_QUEUES = f"""
 lim AS MATERIALIZED (
     SELECT l.id, l.queue, l.tenant, {_limiting("l")} AS limiting,
            {_free("COALESCE(r.n, 0)")} AS free
@@ -360,13 +397,13 @@ budget AS MATERIALIZED (
       LEFT JOIN lim g ON g.tenant = '' AND g.queue = q.name
 ),
 groups AS MATERIALIZED (
-    SELECT b.name AS queue, b.ord, b.qid, l.tenant, array_agg(l.id ORDER BY l.id) AS ids,
+    SELECT b.name AS queue, b.ord, b.qid, l.tenant, array_agg(l.id) AS ids,
            LEAST(min(l.free), min(b.free)) AS room, bool_or(l.limiting) AS limiting
       FROM budget b JOIN lim l ON l.tenant <> '' AND l.queue IN ('', b.name)
      GROUP BY b.name, b.ord, b.qid, l.tenant
 ),
 open_jobs AS MATERIALIZED (
-    SELECT j.id, j.priority, j.vtime, b.ord, b.qid, {stale} AS stale
+    SELECT j.id, j.priority, j.vtime, b.ord, b.qid, g.limiting IS TRUE AS stale
       FROM budget b
      CROSS JOIN LATERAL (
            SELECT id, tenant, priority, vtime FROM pgqueue_job
@@ -375,7 +412,7 @@ open_jobs AS MATERIALIZED (
             LIMIT {CLAIM_LIMIT}
               FOR UPDATE SKIP LOCKED
      ) j
-      {groups}
+      LEFT JOIN groups g ON g.queue = b.name AND g.tenant = j.tenant
      WHERE b.free > 0
 ),
 gated_jobs AS MATERIALIZED (
@@ -395,7 +432,28 @@ candidates AS MATERIALIZED (
       FROM open_jobs WHERE NOT stale
     UNION ALL
     SELECT id, priority, vtime, ord, TRUE, ids FROM gated_jobs
-),
+),"""
+
+
+def _claim(many: bool) -> str:
+    """The limited claim's CTEs (above), for one queue or several (``many``)."""
+    # A candidate counted in no row is never over a room; the others are looked up in one
+    # array (an InitPlan, read once), not by a join per candidate.
+    room = "(c.ids = '{}' OR c.id <> ALL(ARRAY(SELECT id FROM ranks WHERE rank > free)))"
+    if many:
+        head = _LIMITED_MANY_QUEUES
+        picked = f"""SELECT id, ids, gated FROM (
+        SELECT id, ids, gated, priority, ord,
+               row_number() OVER (PARTITION BY ord ORDER BY priority DESC, vtime, id) AS rank
+          FROM candidates c
+         WHERE {room}) c
+     ORDER BY priority DESC, rank, ord"""
+    else:
+        head = _LIMITED_ONE_QUEUE
+        picked = f"""SELECT id, ids, gated FROM candidates c
+     WHERE {room}
+     ORDER BY priority DESC, vtime, id"""
+    return f"""{head}
 ranks AS MATERIALIZED (
     SELECT c.id, u.lid, l.free,
            row_number() OVER (PARTITION BY u.lid ORDER BY c.priority DESC, c.vtime, c.id)
@@ -417,7 +475,7 @@ gated_locked AS MATERIALIZED (
 row_lock AS MATERIALIZED (
     SELECT l.id, {_free("COALESCE(r.n, 0)")} AS free, {_TOKENS} AS avail
       FROM pgqueue_limit l LEFT JOIN uncount_lock r ON r.id = l.id
-     WHERE l.id = ANY(ARRAY(SELECT DISTINCT unnest(ids) FROM picked
+     WHERE l.id = ANY(ARRAY(SELECT unnest(ids) FROM picked
                              WHERE ids <> '{{}}'
                                AND (NOT gated OR id IN (SELECT id FROM gated_locked))))
      ORDER BY l.id
@@ -491,12 +549,13 @@ leased AS (
            attempts = j.attempts + t.run::int,
            lease_owner = CASE WHEN t.run THEN %(worker)s ELSE j.lease_owner END,
            lease_expires_at = CASE WHEN t.run
-                                   THEN c.at + %(lease)s * interval '1 second'
+                                   THEN (SELECT at FROM claimed_at)
+                                        + %(lease)s * interval '1 second'
                                    ELSE j.lease_expires_at END,
-           started_at = CASE WHEN t.run THEN c.at ELSE j.started_at END,
+           started_at = CASE WHEN t.run THEN (SELECT at FROM claimed_at) ELSE j.started_at END,
            limit_ids = CASE WHEN t.run THEN t.ids ELSE j.limit_ids END,
            gated = j.gated OR NOT t.run
-      FROM touched t CROSS JOIN claimed_at c
+      FROM touched t
      WHERE j.id = t.id AND j.id = ANY(ARRAY(SELECT id FROM touched))  -- {BY_ID}
     RETURNING t.run, j.id, j.task, j.payload::text AS payload, j.tenant, j.queue,
               j.priority, j.attempts, j.max_attempts, j.lease_expires_at, j.vtime,
