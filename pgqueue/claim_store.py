@@ -10,7 +10,7 @@ whether a limit row applies to the queues, and when it is the wrong one for that
 ``pgqueue.store`` offers) start plain and follow a switch at once, so they are always right.
 
 As ``pgqueue.store``, each function takes an open DB-API cursor; transactions are the
-caller's.
+caller's. The worker's loop passes a ``psycopg.RawCursor`` (see _positional).
 """
 
 from __future__ import annotations
@@ -18,9 +18,12 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+import psycopg
 
 from . import sql
 from .conf import pgqueue_settings
@@ -86,6 +89,34 @@ def _statement(fused: bool, limited: bool, many: bool, limit: int) -> str:
     return sql.claim_limit(statement, limit)
 
 
+@functools.lru_cache(maxsize=512)
+def _positional(statement: str) -> tuple[str, tuple[str, ...]]:
+    """``statement`` with ``$1``, ``$2``... for its ``%(name)s`` parameters, and their names in
+    that order: the form a ``psycopg.RawCursor`` runs as it is. psycopg parses a query's
+    placeholders on every execute unless the query is under 4 KiB (its own cache); the
+    limited claims are twice that, and parsing them cost the worker's loop about 0.2 ms
+    per claim."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return re.sub(r"%\((\w+)\)s", number, statement).replace("%%", "%"), tuple(names)
+
+
+def _execute(cursor: Any, statement: str, params: dict[str, Any]) -> list[Any]:
+    """Run ``statement`` with ``params`` on ``cursor`` and return its rows; a
+    ``psycopg.RawCursor`` (the worker's claims) gets the statement's positional form."""
+    if isinstance(cursor, psycopg.RawCursor):
+        text, names = _positional(statement)
+        cursor.execute(text, [params[name] for name in names])
+    else:
+        cursor.execute(statement, params)
+    return cursor.fetchall()
+
+
 def claim_once(
     cursor: Any,
     *,
@@ -110,11 +141,11 @@ def claim_once(
     fused = bool(results)
     if fused:
         params.update(complete_params(results))
-    cursor.execute(_statement(fused, limited, len(queues) > 1, limit), params)
+    rows = _execute(cursor, _statement(fused, limited, len(queues) > 1, limit), params)
     jobs: list[ClaimedJob] = []
     recorded: set[int] = set()
     switch = False
-    for row in cursor.fetchall():
+    for row in rows:
         if fused:
             if not row[0]:
                 recorded.add(row[1])

@@ -177,3 +177,29 @@ def test_a_tenant_wide_cap_is_shared_by_the_queues_of_one_limited_claim():
     assert {j.id for j in got.jobs if j.tenant == "b"} == set(free)
     assert Limit.objects.get(tenant="a").running == 3
     assert all(j.limit_ids for j in got.jobs if j.tenant == "a")
+
+
+def test_positional_form_numbers_each_parameter_once_in_order_of_first_use():
+    text, names = claim_store._positional("SELECT %(b)s, %(a)s, %(b)s, 10 %% 3")
+    assert (text, names) == ("SELECT $1, $2, $1, 10 % 3", ("b", "a"))
+
+
+def test_a_raw_cursor_runs_the_claims_in_their_positional_form():
+    """The worker's loop claims through a psycopg RawCursor (no placeholder parsing per
+    turn): the same statements, the same outcome as through Django's cursor."""
+    import psycopg
+
+    limits.set_tenant_limits("a", max_running=1)
+    capped = enqueue(2, "a")
+    free = enqueue(1, "b")
+    connection.ensure_connection()
+    with psycopg.RawCursor(connection.connection) as raw:
+        got = claim_store.claim_once(raw, worker="w", queues=["default"], limit=10, limited=True)
+        assert sorted(j.id for j in got.jobs) == sorted([capped[0], *free])
+        results = [(j.id, j.attempt, None) for j in got.jobs]
+        again = claim_store.claim_once(
+            raw, worker="w", queues=["default"], limit=10, limited=True, results=results
+        )
+    assert again.recorded == {capped[0], *free}
+    assert [j.id for j in again.jobs] == [capped[1]]
+    assert Limit.objects.get(tenant="a").running == 1

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
+
 from .. import limits_store
 from ..claim_store import ClaimedJob, claim_once
 
@@ -38,13 +40,15 @@ class Claims:
         Returns the ids recorded (the others were fenced out) and the jobs claimed.
         """
         args = {"worker": self.worker, "queues": self.queues, "lease_seconds": self.lease}
-        first = claim_once(cur, limit=want, limited=self.limited, results=successes, **args)
-        if not first.switch:
-            return first.recorded, first.jobs
-        self.limited = not self.limited
-        if not self.limited:  # it claimed as usual; the next turn claims plain
-            return first.recorded, first.jobs
-        second = claim_once(cur, limit=want, limited=True, **args)
+        # The claim statements in their positional form: not parsed again on each turn.
+        with psycopg.RawCursor(cur.connection) as raw:
+            first = claim_once(raw, limit=want, limited=self.limited, results=successes, **args)
+            if not first.switch:
+                return first.recorded, first.jobs
+            self.limited = not self.limited
+            if not self.limited:  # it claimed as usual; the next turn claims plain
+                return first.recorded, first.jobs
+            second = claim_once(raw, limit=want, limited=True, **args)
         if second.switch:  # the limits went away between the two statements
             self.limited = False
         return first.recorded, second.jobs
