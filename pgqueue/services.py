@@ -431,9 +431,19 @@ def _single(result: BulkResult, job_id: int, action: str, allowed: str, using: s
 
 
 def cancel(job_id: int, *, using: str | None = None) -> Job:
-    """Cancel one job, or ask it to stop when running (the Job returned is still running,
-    its ``cancel_requested_at`` set); raises JobNotFound or InvalidTransition (finished)."""
-    return _single(cancel_jobs([job_id], using=using), job_id, "cancelled", CANCELLABLE, using)
+    """Cancel one job, or ask it to stop when running (the Job returned is then running,
+    its ``cancel_requested_at`` set, unless its worker ended it before the Job was read);
+    raises JobNotFound or InvalidTransition (finished)."""
+    return cancel_or_ask(job_id, using=using)[0]
+
+
+def cancel_or_ask(job_id: int, *, using: str | None = None) -> tuple[Job, bool]:
+    """``cancel``, and whether the job was running and asked to stop: what the request did,
+    which the Job read afterwards may no longer show (its worker, told at once, can end it
+    first)."""
+    result = cancel_jobs([job_id], using=using)
+    job = _single(result, job_id, "cancelled", CANCELLABLE, using)
+    return job, int(job_id) in result.requested
 
 
 def retry(job_id: int, *, using: str | None = None) -> Job:

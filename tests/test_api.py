@@ -702,6 +702,31 @@ class TestCancel:
         assert again.status_code == 202
         assert again.json()["cancel_requested_at"] == data["cancel_requested_at"]
 
+    def test_a_running_job_its_worker_ends_before_the_read_is_still_202(self, api, monkeypatch):
+        """The worker, told by NOTIFY when the request commits, may end the job cancelled
+        before the view reads it back: the answer is still 202 (what the request did), the
+        body the job as it is (cancelled)."""
+        from django.db import connection
+
+        from pgqueue import services, stop_store
+
+        job_id = make_job("running")
+        cancel_jobs = services.cancel_jobs
+
+        def and_the_worker_is_quick(ids, **kwargs):
+            result = cancel_jobs(ids, **kwargs)
+            job = Job.objects.get(pk=job_id)
+            with connection.cursor() as cur:
+                held = [(job.id, job.attempts)]
+                assert stop_store.confirm_cancel_many(cur, worker=job.lease_owner, held=held)
+            return result
+
+        monkeypatch.setattr(services, "cancel_jobs", and_the_worker_is_quick)
+        response = api.delete(f"/jobs/{job_id}")
+        assert response.status_code == 202, response.content
+        assert response.json()["status"] == "cancelled"
+        assert status_of(job_id) == "cancelled"
+
     def test_an_unknown_job_is_404(self, api):
         assert_error(api.delete("/jobs/987654321"), 404, code="not_found")
 

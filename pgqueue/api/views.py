@@ -289,9 +289,10 @@ class JobView(PgQueueView):
         responses={200: JobSerializer, 202: JobSerializer, **ERRORS},
     )
     def delete(self, request: Request, job_id: str) -> Response:
-        job = services.cancel(_visible_job(request, int(job_id)).id)
-        running = job.status == Status.RUNNING  # asked to stop: its worker ends it
-        return Response(JobSerializer(job).data, status=202 if running else 200)
+        # 202 when the job was running and asked to stop (its worker ends it), even if the
+        # worker was quicker than the read of the job that the body shows
+        job, asked = services.cancel_or_ask(_visible_job(request, int(job_id)).id)
+        return Response(JobSerializer(job).data, status=202 if asked else 200)
 
 
 class JobRetryView(PgQueueView):
