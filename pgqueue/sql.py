@@ -328,16 +328,43 @@ uncount_lock AS MATERIALIZED (
 # whose counter and tokens do not change is not written: the statement's size over the
 # plain claim is what limits cost the jobs of tenants they do not limit (bench.limits).
 
+
+def _lim(queue_match: str) -> str:
+    """The limited claim's ``lim`` CTE (see above): the limit rows whose queue column
+    ``queue_match`` accepts (an SQL suffix such as ``= ANY(...)``), a queue's own only when
+    it limits something, a tenant's also in queue '' (tenant-wide)."""
+    return f"""
+lim AS MATERIALIZED (
+    SELECT l.id, l.queue, l.tenant, {_limiting("l")} AS limiting,
+           {_free("COALESCE(r.n, 0)")} AS free
+      FROM pgqueue_limit l LEFT JOIN uncount_lock r ON r.id = l.id
+     WHERE CASE WHEN l.tenant = '' THEN l.queue {queue_match} AND {_limiting("l")}
+                ELSE l.queue = '' OR l.queue {queue_match} END
+),"""
+
+
+def _gated_jobs(queue: str, ord: str) -> str:
+    """The limited claim's ``gated_jobs`` CTE (see above): each group ``g`` with room offers
+    its next gated jobs of ``queue`` (an SQL expression), LIMIT that room; ``ord`` is the
+    SQL of the group's queue rank."""
+    return f"""
+gated_jobs AS MATERIALIZED (
+    SELECT j.id, j.priority, j.vtime, {ord} AS ord, g.ids
+      FROM groups g
+     CROSS JOIN LATERAL (
+           SELECT id, priority, vtime FROM pgqueue_job
+            WHERE queue = {queue} AND tenant = g.tenant AND status = 'queued' AND gated
+            ORDER BY priority DESC, vtime, id
+            LIMIT g.room
+     ) j
+     WHERE g.room > 0
+),"""
+
+
 #: The limited claim's first CTEs for a worker of one queue: ``lim``, its queue's own row
 #: (``queue_row``, none or one), ``groups`` (tenants), ``open_jobs`` (the plain claim's
 #: scan, as JOB_CLAIM's), ``gated_jobs`` and ``candidates``; see _claim.
-_LIMITED_ONE_QUEUE = f"""
-lim AS MATERIALIZED (
-    SELECT l.id, l.tenant, {_limiting("l")} AS limiting, {_free("COALESCE(r.n, 0)")} AS free
-      FROM pgqueue_limit l LEFT JOIN uncount_lock r ON r.id = l.id
-     WHERE CASE WHEN l.tenant = '' THEN l.queue = (%(queues)s::text[])[1] AND {_limiting("l")}
-                ELSE l.queue IN ('', (%(queues)s::text[])[1]) END
-),
+_LIMITED_ONE_QUEUE = f"""{_lim("= (%(queues)s::text[])[1]")}
 queue_row AS MATERIALIZED (
     SELECT (SELECT id FROM lim WHERE tenant = '') AS qid,
            COALESCE((SELECT free FROM lim WHERE tenant = ''), %(limit)s) AS free
@@ -359,19 +386,7 @@ open_jobs AS MATERIALIZED (
      ORDER BY priority DESC, vtime, id
      LIMIT {CLAIM_LIMIT}
        FOR UPDATE SKIP LOCKED
-),
-gated_jobs AS MATERIALIZED (
-    SELECT j.id, j.priority, j.vtime, g.ids
-      FROM groups g
-     CROSS JOIN LATERAL (
-           SELECT id, priority, vtime FROM pgqueue_job
-            WHERE queue = (%(queues)s::text[])[1] AND tenant = g.tenant
-              AND status = 'queued' AND gated
-            ORDER BY priority DESC, vtime, id
-            LIMIT g.room
-     ) j
-     WHERE g.room > 0
-),
+),{_gated_jobs("(%(queues)s::text[])[1]", "1")}
 candidates AS MATERIALIZED (
     SELECT id, priority, vtime, FALSE AS gated,
            array_remove(ARRAY[(SELECT qid FROM queue_row)], NULL) AS ids
@@ -383,21 +398,15 @@ candidates AS MATERIALIZED (
 #: The limited claim's first CTEs for a worker of several queues: as
 #: _LIMITED_ONE_QUEUE, with ``budget`` (each queue's own row, its rank ``ord`` in the
 #: worker's list) for ``queue_row``, and (queue, tenant) pairs for tenants; see _claim.
-_LIMITED_MANY_QUEUES = f"""
-lim AS MATERIALIZED (
-    SELECT l.id, l.queue, l.tenant, {_limiting("l")} AS limiting,
-           {_free("COALESCE(r.n, 0)")} AS free
-      FROM pgqueue_limit l LEFT JOIN uncount_lock r ON r.id = l.id
-     WHERE CASE WHEN l.tenant = '' THEN l.queue = ANY(%(queues)s::text[]) AND {_limiting("l")}
-                ELSE l.queue = '' OR l.queue = ANY(%(queues)s::text[]) END
-),
+_LIMITED_MANY_QUEUES = f"""{_lim("= ANY(%(queues)s::text[])")}
 budget AS MATERIALIZED (
     SELECT q.name, q.ord, g.id AS qid, COALESCE(g.free, %(limit)s) AS free
       FROM unnest({CLAIM_QUEUES}) WITH ORDINALITY AS q(name, ord)
       LEFT JOIN lim g ON g.tenant = '' AND g.queue = q.name
 ),
 groups AS MATERIALIZED (
-    SELECT b.name AS queue, b.ord, b.qid, l.tenant, array_agg(l.id) AS ids,
+    SELECT b.name AS queue, b.ord, l.tenant,
+           array_remove(array_agg(l.id) || b.qid, NULL) AS ids,
            LEAST(min(l.free), min(b.free)) AS room, bool_or(l.limiting) AS limiting
       FROM budget b JOIN lim l ON l.tenant <> '' AND l.queue IN ('', b.name)
      GROUP BY b.name, b.ord, b.qid, l.tenant
@@ -414,18 +423,7 @@ open_jobs AS MATERIALIZED (
      ) j
       LEFT JOIN groups g ON g.queue = b.name AND g.tenant = j.tenant
      WHERE b.free > 0
-),
-gated_jobs AS MATERIALIZED (
-    SELECT j.id, j.priority, j.vtime, g.ord, array_remove(g.ids || g.qid, NULL) AS ids
-      FROM groups g
-     CROSS JOIN LATERAL (
-           SELECT id, priority, vtime FROM pgqueue_job
-            WHERE queue = g.queue AND tenant = g.tenant AND status = 'queued' AND gated
-            ORDER BY priority DESC, vtime, id
-            LIMIT g.room
-     ) j
-     WHERE g.room > 0
-),
+),{_gated_jobs("g.queue", "g.ord")}
 candidates AS MATERIALIZED (
     SELECT id, priority, vtime, ord, FALSE AS gated,
            CASE WHEN qid IS NULL THEN '{{}}'::bigint[] ELSE ARRAY[qid] END AS ids

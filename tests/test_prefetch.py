@@ -2,7 +2,7 @@
 
 A worker holds up to ``concurrency + prefetch`` jobs: those beyond its busy threads wait
 unstarted in the process, leased like the running ones; once jobs have finished, it claims
-ahead only what its threads run in about ``LookAhead.HORIZON_SECONDS``. These tests hold
+ahead only what its threads run in about ``PGQUEUE["PREFETCH_SECONDS"]``. These tests hold
 the one thread of a worker with a ``test.block`` job and look at what the worker holds
 meanwhile: how many, whether their leases are renewed, and what becomes of them on SIGTERM.
 """
@@ -18,6 +18,7 @@ from django.test import override_settings
 
 import pgqueue
 from pgqueue import checks
+from pgqueue.conf import DEFAULTS
 from pgqueue.models import Job
 from pgqueue.worker.lookahead import LookAhead
 from tests.workers import STARTUP, StartWorker, history, wait_for
@@ -140,9 +141,9 @@ def test_async_jobs_claimed_ahead_wait_for_a_slot(workers: StartWorker) -> None:
 
 def test_lookahead_is_bounded_by_the_time_its_jobs_take() -> None:
     """The whole cap until a job has finished; then as many jobs as the threads run in
-    ``HORIZON_SECONDS`` at the mean run time, at least one and at most the cap; 0 stays 0."""
-    horizon = LookAhead.HORIZON_SECONDS
-    ahead = LookAhead(32, threads=8)
+    ``PREFETCH_SECONDS`` at the mean run time, at least one and at most the cap; 0 stays 0."""
+    horizon = DEFAULTS["PREFETCH_SECONDS"]
+    ahead = LookAhead(32, threads=8, horizon=horizon)
     assert ahead.size == 32  # nothing known yet
     ahead.observe([])
     assert ahead.size == 32
@@ -154,10 +155,10 @@ def test_lookahead_is_bounded_by_the_time_its_jobs_take() -> None:
     for _ in range(400):  # long jobs: one ahead, not 32 jobs of seconds each
         ahead.observe([100 * horizon])
     assert ahead.size == 1
-    off = LookAhead(0, threads=8)
+    off = LookAhead(0, threads=8, horizon=horizon)
     off.observe([horizon / 1000] * 50)
     assert off.size == 0
-    wide = LookAhead(32, threads=8, horizon=10 * horizon)  # PGQUEUE["PREFETCH_SECONDS"]
+    wide = LookAhead(32, threads=8, horizon=10 * horizon)
     wide.observe([10 * horizon] * 400)  # each thread runs one job in the horizon
     assert wide.size == 8
 

@@ -23,14 +23,12 @@ import math
 class LookAhead:
     """The look-ahead of one worker process: ``size`` follows the jobs' mean run time."""
 
-    #: The default time the threads should take to get through the jobs claimed ahead.
-    HORIZON_SECONDS = 0.005
     #: Weight of each new run time in the moving mean (about the last 20 jobs).
     WEIGHT = 0.05
 
     __slots__ = ("cap", "horizon", "mean", "size", "threads")
 
-    def __init__(self, cap: int, threads: int, horizon: float = HORIZON_SECONDS) -> None:
+    def __init__(self, cap: int, threads: int, horizon: float) -> None:
         self.cap = cap  # PGQUEUE["PREFETCH"] (or --prefetch): never more than this
         self.threads = threads
         self.horizon = horizon  # PGQUEUE["PREFETCH_SECONDS"]

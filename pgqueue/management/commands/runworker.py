@@ -67,8 +67,8 @@ class Command(BaseCommand):
             type=_non_negative,
             default=None,
             help="most jobs claimed beyond the idle threads, waiting for one; fewer once "
-            "jobs have run: what the threads run in about 5 ms (default: PGQUEUE PREFETCH; "
-            "0: claim only for idle threads)",
+            "jobs have run: what the threads run in PGQUEUE PREFETCH_SECONDS (default: "
+            "PGQUEUE PREFETCH; 0: claim only for idle threads)",
         )
         parser.add_argument("--burst", action="store_true", help="exit when no job is runnable")
         parser.add_argument(
