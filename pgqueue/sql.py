@@ -290,8 +290,7 @@ uncount_lock AS MATERIALIZED (
 # it starts less those it gives back, its tokens spent); see JOB_CLAIM_LIMITED. With one
 # queue, candidates are taken in plain (priority DESC, vtime, id) order; with several
 # (``many``), each queue offers its best jobs and they are interleaved rank by rank
-# (priority first), because vtimes of different queues are not comparable. Choose first,
-# from the snapshot, and lock and check only what was chosen:
+# (priority first), because vtimes of different queues are not comparable. Both start:
 # - ``lim``: the limit rows that apply to these queues (a tenant's, a tenant's in one of
 #   them, a queue's own), with their room in the snapshot (the slots given back in this
 #   statement counted free): a hint, checked under the rows' locks below. It reads
@@ -307,26 +306,41 @@ uncount_lock AS MATERIALIZED (
 #   own row keeps the picks within its room (it is among their rows). A job of a tenant
 #   limited since it was queued (``stale``: its group limits something) is gated instead
 #   of run, by the UPDATE that leases the others (it is locked already): each is seen once.
+# ``row_lock`` locks limit rows in id order, SKIP LOCKED (a row another claim holds is left
+# this once: still exact, never waiting); each is re-read at its newest version before the
+# lock is granted and ``free`` is evaluated on that version: the truth, not the snapshot
+# (a count(*) of running jobs would overshoot). Then, with one queue, lock first and take
+# within the true rooms (_LOCKED_ONE_QUEUE), since no two tenants share a row there but
+# the queue's own:
+# - ``row_lock``: the rows of every group with room in the snapshot, and the queue's own.
+# - ``gated_jobs``: each group whose rows are all locked, with room, offers its next jobs
+#   of pgqueue_job_gated, LIMIT the least true room of its rows, locked SKIP LOCKED (and
+#   so still queued at their newest version); a capped tenant (room 0) is skipped without
+#   reading its backlog.
+# - ``final``: the best %(limit)s of the ungated and gated candidates, and no more than the
+#   queue's own row allows (its true room; none when another claim holds it). Every
+#   group's starts are within each of its rows' true rooms, and the queue's within its.
+# With several queues a tenant-wide row is shared by the tenant's groups in each queue,
+# so choose first, from the snapshot, and lock and check only what was chosen:
 # - ``gated_jobs``: each group with room offers its next jobs of pgqueue_job_gated, LIMIT
-#   that room, unlocked: a capped tenant (room 0) is skipped without reading its backlog.
+#   that room, unlocked.
 # - ``ranks``: each candidate's rank, in claim order, among the candidates counting in the
 #   same row; ``picked``: the best %(limit)s candidates whose rank in each of their rows
-#   is within the row's room in the snapshot (a tenant-wide row is shared by the queues).
+#   is within the row's room in the snapshot.
 # - ``gated_locked``: the gated jobs picked, locked now, SKIP LOCKED, and still queued at
 #   their newest version (READ COMMITTED re-reads a row changed since the snapshot).
-# - ``row_lock``: the rows the picks count in (a gated one once locked), in id order, SKIP
-#   LOCKED (a row another claim holds is left this once: still exact, never waiting). Each
-#   is re-read at its newest version before the lock is granted and ``free`` is evaluated
-#   on that version: the truth, not the snapshot (a count(*) of running jobs would
-#   overshoot).
+# - ``row_lock``: the rows the picks count in (a gated one once locked).
 # - ``final``: the picks counted in no row (ungated, locked already: nothing to check),
 #   and the others, a gated one once locked, whose rank in each of their rows is within
 #   its true room. The ranks are the candidates', which a pick's rank among the picks
 #   never exceeds: a row never starts more than its room (distinct ranks, each within
-#   it); under a race it may start fewer than it could, this once.
-# The checks are arrays built once (InitPlans) rather than joins per candidate, and a row
-# whose counter and tokens do not change is not written: the statement's size over the
-# plain claim is what limits cost the jobs of tenants they do not limit (bench.limits).
+#   it).
+# Either way, under a race a claim may start fewer than it could, this once (a row held
+# elsewhere; with one queue, also a group's jobs locked but left out of the best
+# %(limit)s). The checks are arrays built once (InitPlans) rather than joins per
+# candidate, and a row whose counter and tokens do not change is not written: the
+# statement's size over the plain claim is what limits cost the jobs of tenants they do
+# not limit (bench.limits).
 
 
 def _lim(queue_match: str) -> str:
@@ -362,8 +376,8 @@ gated_jobs AS MATERIALIZED (
 
 
 #: The limited claim's first CTEs for a worker of one queue: ``lim``, its queue's own row
-#: (``queue_row``, none or one), ``groups`` (tenants), ``open_jobs`` (the plain claim's
-#: scan, as JOB_CLAIM's), ``gated_jobs`` and ``candidates``; see _claim.
+#: (``queue_row``, none or one), ``groups`` (tenants) and ``open_jobs`` (the plain claim's
+#: scan, as JOB_CLAIM's); see _claim.
 _LIMITED_ONE_QUEUE = f"""{_lim("= (%(queues)s::text[])[1]")}
 queue_row AS MATERIALIZED (
     SELECT (SELECT id FROM lim WHERE tenant = '') AS qid,
@@ -386,18 +400,12 @@ open_jobs AS MATERIALIZED (
      ORDER BY priority DESC, vtime, id
      LIMIT {CLAIM_LIMIT}
        FOR UPDATE SKIP LOCKED
-),{_gated_jobs("(%(queues)s::text[])[1]", "1")}
-candidates AS MATERIALIZED (
-    SELECT id, priority, vtime, FALSE AS gated,
-           array_remove(ARRAY[(SELECT qid FROM queue_row)], NULL) AS ids
-      FROM open_jobs WHERE NOT stale
-    UNION ALL
-    SELECT id, priority, vtime, TRUE, ids FROM gated_jobs
 ),"""
 
 #: The limited claim's first CTEs for a worker of several queues: as
 #: _LIMITED_ONE_QUEUE, with ``budget`` (each queue's own row, its rank ``ord`` in the
-#: worker's list) for ``queue_row``, and (queue, tenant) pairs for tenants; see _claim.
+#: worker's list) for ``queue_row``, (queue, tenant) pairs for tenants, and then
+#: ``gated_jobs`` and ``candidates``; see _claim.
 _LIMITED_MANY_QUEUES = f"""{_lim("= ANY(%(queues)s::text[])")}
 budget AS MATERIALIZED (
     SELECT q.name, q.ord, g.id AS qid, COALESCE(g.free, %(limit)s) AS free
@@ -433,59 +441,63 @@ candidates AS MATERIALIZED (
 ),"""
 
 
-def _claim(many: bool) -> str:
-    """The limited claim's CTEs (above), for one queue or several (``many``)."""
-    # A candidate counted in no row is never over a room; the others are looked up in one
-    # array (an InitPlan, read once), not by a join per candidate.
-    room = "(c.ids = '{}' OR c.id <> ALL(ARRAY(SELECT id FROM ranks WHERE rank > free)))"
-    if many:
-        head = _LIMITED_MANY_QUEUES
-        picked = f"""SELECT id, ids, gated FROM (
-        SELECT id, ids, gated, priority, ord,
-               row_number() OVER (PARTITION BY ord ORDER BY priority DESC, vtime, id) AS rank
-          FROM candidates c
-         WHERE {room}) c
-     ORDER BY priority DESC, rank, ord"""
-    else:
-        head = _LIMITED_ONE_QUEUE
-        picked = f"""SELECT id, ids, gated FROM candidates c
-     WHERE {room}
-     ORDER BY priority DESC, vtime, id"""
-    return f"""{head}
-ranks AS MATERIALIZED (
-    SELECT c.id, u.lid, l.free,
-           row_number() OVER (PARTITION BY u.lid ORDER BY c.priority DESC, c.vtime, c.id)
-               AS rank
-      FROM candidates c CROSS JOIN LATERAL unnest(c.ids) AS u(lid)
-      JOIN lim l ON l.id = u.lid
-     WHERE c.ids <> '{{}}'  -- no function scan for a job counted in no row
-),
-picked AS MATERIALIZED (
-    {picked}
-     LIMIT {CLAIM_LIMIT}
-),
-gated_locked AS MATERIALIZED (
-    SELECT id FROM pgqueue_job
-     WHERE id = ANY(ARRAY(SELECT id FROM picked WHERE gated))
-       AND status = 'queued' AND gated
-       FOR UPDATE SKIP LOCKED
-),
+def _row_lock(ids: str) -> str:
+    """The limited claim's ``row_lock`` CTE (see above): the limit rows whose ids ``ids``
+    (an SQL query) yields, locked in id order, SKIP LOCKED, each with its true room
+    (``free``, the slots given back in this statement counted free) and tokens."""
+    return f"""
 row_lock AS MATERIALIZED (
     SELECT l.id, {_free("COALESCE(r.n, 0)")} AS free, {_TOKENS} AS avail
       FROM pgqueue_limit l LEFT JOIN uncount_lock r ON r.id = l.id
-     WHERE l.id = ANY(ARRAY(SELECT unnest(ids) FROM picked
-                             WHERE ids <> '{{}}'
-                               AND (NOT gated OR id IN (SELECT id FROM gated_locked))))
+     WHERE l.id = ANY(ARRAY({ids}))
      ORDER BY l.id
        FOR UPDATE OF l SKIP LOCKED
+),"""
+
+
+#: The limited claim's last CTEs for a worker of one queue, after _LIMITED_ONE_QUEUE (see
+#: _claim): lock first, then take within the true rooms.
+_GROUP_ROW_LOCK = _row_lock(
+    """SELECT unnest(ids) FROM groups WHERE room > 0
+                            UNION ALL SELECT qid FROM queue_row WHERE free > 0"""
+)
+_PICKED_ROW_LOCK = _row_lock(
+    """SELECT unnest(ids) FROM picked
+                             WHERE ids <> '{}'
+                               AND (NOT gated OR id IN (SELECT id FROM gated_locked))"""
+)
+_LOCKED_ONE_QUEUE = f"""{_GROUP_ROW_LOCK}
+gated_jobs AS MATERIALIZED (
+    SELECT j.id, j.priority, j.vtime, g.ids
+      FROM groups g
+     CROSS JOIN LATERAL (
+           SELECT min(k.free) AS room, count(*) AS n FROM row_lock k WHERE k.id = ANY(g.ids)
+     ) r
+     CROSS JOIN LATERAL (
+           SELECT id, priority, vtime FROM pgqueue_job
+            WHERE queue = (%(queues)s::text[])[1] AND tenant = g.tenant
+              AND status = 'queued' AND gated
+            ORDER BY priority DESC, vtime, id
+            LIMIT r.room
+              FOR UPDATE SKIP LOCKED
+     ) j
+     WHERE g.room > 0 AND r.n = cardinality(g.ids) AND r.room > 0
 ),
 final AS MATERIALIZED (
-    SELECT id, ids FROM picked p
-     WHERE p.ids = '{{}}'  -- counted in no row (so ungated, locked): nothing to check
-        OR ((NOT p.gated OR p.id IN (SELECT id FROM gated_locked))
-            AND p.id <> ALL(ARRAY(SELECT r.id FROM ranks r LEFT JOIN row_lock k ON k.id = r.lid
-                                   WHERE k.id IS NULL OR r.rank > k.free)))
-),
+    SELECT id, ids FROM (
+        SELECT id, priority, vtime, array_remove(ARRAY[(SELECT qid FROM queue_row)], NULL) AS ids
+          FROM open_jobs WHERE NOT stale
+        UNION ALL
+        SELECT id, priority, vtime, ids FROM gated_jobs) c
+     ORDER BY priority DESC, vtime, id
+     LIMIT LEAST(%(limit)s, (SELECT CASE WHEN qid IS NULL THEN %(limit)s
+                                         ELSE COALESCE((SELECT free FROM row_lock
+                                                         WHERE id = qid), 0) END
+                               FROM queue_row))
+),"""
+
+
+_COUNTED = f"""
 counted AS (
     UPDATE pgqueue_limit l
        SET running = GREATEST(l.running + COALESCE(t.n, 0) - COALESCE(r.n, 0), 0),
@@ -504,6 +516,46 @@ counted AS (
        -- and taken again in one statement: the steady state of a busy capped tenant)
        AND (COALESCE(t.n, 0) <> COALESCE(r.n, 0) OR l.rate_count IS NOT NULL AND t.n > 0)
 ),"""
+
+
+def _claim(many: bool) -> str:
+    """The limited claim's CTEs (above), for one queue or several (``many``)."""
+    if not many:
+        return f"{_LIMITED_ONE_QUEUE}{_LOCKED_ONE_QUEUE}{_COUNTED}"
+    # A candidate counted in no row is never over a room; the others are looked up in one
+    # array (an InitPlan, read once), not by a join per candidate.
+    room = "(c.ids = '{}' OR c.id <> ALL(ARRAY(SELECT id FROM ranks WHERE rank > free)))"
+    return f"""{_LIMITED_MANY_QUEUES}
+ranks AS MATERIALIZED (
+    SELECT c.id, u.lid, l.free,
+           row_number() OVER (PARTITION BY u.lid ORDER BY c.priority DESC, c.vtime, c.id)
+               AS rank
+      FROM candidates c CROSS JOIN LATERAL unnest(c.ids) AS u(lid)
+      JOIN lim l ON l.id = u.lid
+     WHERE c.ids <> '{{}}'  -- no function scan for a job counted in no row
+),
+picked AS MATERIALIZED (
+    SELECT id, ids, gated FROM (
+        SELECT id, ids, gated, priority, ord,
+               row_number() OVER (PARTITION BY ord ORDER BY priority DESC, vtime, id) AS rank
+          FROM candidates c
+         WHERE {room}) c
+     ORDER BY priority DESC, rank, ord
+     LIMIT {CLAIM_LIMIT}
+),
+gated_locked AS MATERIALIZED (
+    SELECT id FROM pgqueue_job
+     WHERE id = ANY(ARRAY(SELECT id FROM picked WHERE gated))
+       AND status = 'queued' AND gated
+       FOR UPDATE SKIP LOCKED
+),{_PICKED_ROW_LOCK}
+final AS MATERIALIZED (
+    SELECT id, ids FROM picked p
+     WHERE p.ids = '{{}}'  -- counted in no row (so ungated, locked): nothing to check
+        OR ((NOT p.gated OR p.id IN (SELECT id FROM gated_locked))
+            AND p.id <> ALL(ARRAY(SELECT r.id FROM ranks r LEFT JOIN row_lock k ON k.id = r.lid
+                                   WHERE k.id IS NULL OR r.rank > k.free)))
+),{_COUNTED}"""
 
 
 # The plain claim's last CTE, ``claimed``: lease the ``picked`` jobs (counted in no limit
@@ -695,16 +747,15 @@ JOB_CLAIM_MANY_QUEUES = (
 # Returns them with _CLAIMED_COLUMNS, and one row of NULLs (_switch) when no limit row
 # applies to the queues any more (in this statement's snapshot): the caller goes back to
 # JOB_CLAIM.
-# Locks: the ungated candidates, FOR UPDATE SKIP LOCKED, as JOB_CLAIM; the gated jobs
-#   picked, SKIP LOCKED, once picked; then the limit rows the picks count in, in id order,
-#   SKIP LOCKED (``row_lock``). Stale ungated jobs it meets are gated. The transaction
-#   commits at once.
-# Index: pgqueue_job_claim, one range scan per queue, already in claim order;
-#   pgqueue_job_gated, one range scan per limited (queue, tenant) with room, of at most
-#   its room; pgqueue_limit (a seq scan of the rows that apply: a small table);
-#   pgqueue_job_pkey (the picks, by id).
+# Locks: the ungated candidates, FOR UPDATE SKIP LOCKED, as JOB_CLAIM; then the limit
+#   rows of the tenants with room and the queue's own row, in id order, SKIP LOCKED
+#   (``row_lock``); then each such tenant's next gated jobs, at most its true room, SKIP
+#   LOCKED. Stale ungated jobs it meets are gated. The transaction commits at once.
+# Index: pgqueue_job_claim, one range scan, already in claim order; pgqueue_job_gated, one
+#   range scan per limited tenant with room, of at most its room; pgqueue_limit (a seq
+#   scan of the rows that apply: a small table); pgqueue_job_pkey (the picks, by id).
 # Called by: claim_store.claim_once, when JOB_CLAIM (or the previous limited claim) said a
-#   limit row applies to the worker's queues.
+#   limit row applies to the worker's queue.
 JOB_CLAIM_LIMITED = (
     f"WITH {_given_back(None)}{_claim(False)}{_CLAIM_UPDATE}"
     f"\nSELECT {_CLAIMED_COLUMNS} FROM claimed" + _switch(_NO_LIMITS)
@@ -712,8 +763,12 @@ JOB_CLAIM_LIMITED = (
 
 # -- name: JOB_CLAIM_LIMITED_MANY_QUEUES
 # JOB_CLAIM_LIMITED for a worker of several queues: each queue offers its best jobs, and
-# the claim takes them rank by rank across queues (as JOB_CLAIM_MANY_QUEUES).
-# Locks, indexes: as JOB_CLAIM_LIMITED, one range scan per queue.
+# the claim takes them rank by rank across queues (as JOB_CLAIM_MANY_QUEUES), choosing from
+# the snapshot before it locks what it chose (see _claim).
+# Locks: the ungated candidates, FOR UPDATE SKIP LOCKED, as JOB_CLAIM; the gated jobs
+#   picked, SKIP LOCKED, once picked; then the limit rows the picks count in, in id order,
+#   SKIP LOCKED (``row_lock``). Stale ungated jobs it meets are gated.
+# Indexes: as JOB_CLAIM_LIMITED, one range scan per queue.
 # Called by: claim_store.claim_once with more than one queue.
 JOB_CLAIM_LIMITED_MANY_QUEUES = (
     f"WITH {_given_back(None)}{_claim(True)}{_CLAIM_UPDATE}"

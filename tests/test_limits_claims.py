@@ -3,14 +3,16 @@ the limited one while one does, and the switch between them (claim_store, worker
 
 from __future__ import annotations
 
+import psycopg
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 
 import pgqueue
 from pgqueue import claim_store, limits
 from pgqueue.limit_models import Limit
 from pgqueue.models import Job
 from pgqueue.worker.claiming import Claims
+from pgqueue.worker.connection import connect_params
 from pgqueue.worker.maintenance import recount_limits
 
 pytestmark = pytest.mark.django_db
@@ -161,6 +163,43 @@ def test_a_job_queued_before_its_tenant_was_limited_is_gated_by_the_claim_then_r
     again = once(True, queues)
     assert [j.id for j in again.jobs] == ids[:1]
     assert Limit.objects.get(tenant="a").running == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("queues", [("default",), ("default", "other")])
+def test_a_limit_row_held_elsewhere_is_passed_over_this_once_not_waited_for(queues):
+    """Protection: the limited claim locks limit rows SKIP LOCKED (``row_lock``) and starts a
+    gated job only once every row it counts in is locked by it, with room. While another
+    transaction holds tenant a's row, a claim under a lock_timeout returns b's job and none
+    of a's, and a's counter is untouched; once the row is free, a's jobs are next. The same
+    claim with SKIP LOCKED taken out waits and times out: the setup really blocks."""
+    limits.set_tenant_limits("a", max_running=2)
+    capped = enqueue(2, "a")
+    free = enqueue(1, "b")
+    row = Limit.objects.get(tenant="a").id
+    statement = claim_store._statement(False, True, len(queues) > 1, 10)
+    waiting = statement.replace("FOR UPDATE OF l SKIP LOCKED", "FOR UPDATE OF l")
+    assert waiting != statement
+    params = {"queues": list(queues), "limit": 10, "worker": "w", "lease": 30.0, "now": None}
+    with psycopg.connect(**connect_params("default")) as holder:
+        holder.execute("SELECT 1 FROM pgqueue_limit WHERE id = %s FOR UPDATE", [row])
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("SET LOCAL lock_timeout = '2s'")
+            got = claim_store.claim_once(cur, worker="w", queues=queues, limit=10, limited=True)
+        assert [j.id for j in got.jobs] == free
+        assert Limit.objects.get(tenant="a").running == 0
+        assert set(Job.objects.filter(id__in=capped).values_list("status", flat=True)) == {"queued"}
+        with (
+            pytest.raises(OperationalError) as waited,
+            transaction.atomic(),
+            connection.cursor() as cur,
+        ):
+            cur.execute("SET LOCAL lock_timeout = '100ms'")
+            cur.execute(waiting, params)
+        assert isinstance(waited.value.__cause__, psycopg.errors.LockNotAvailable)
+        holder.rollback()
+    assert [j.id for j in once(True, queues).jobs] == capped
+    assert Limit.objects.get(tenant="a").running == 2
 
 
 def test_a_tenant_wide_cap_is_shared_by_the_queues_of_one_limited_claim():
