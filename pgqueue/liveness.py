@@ -91,10 +91,11 @@ def workers_overview(now: dt.datetime, shown: int, *, using: str | None = None) 
 
 
 def unserved_queues(now: dt.datetime | None = None, *, using: str | None = None) -> list[str]:
-    """The queues with runnable jobs that no live worker serves (none alive lists them in
-    its ``queues``), by name: their jobs wait however long the backlog looks.
+    """The queues with queued jobs (runnable, or gated behind a limit) that no live worker
+    serves (none alive lists them in its ``queues``), by name: their jobs wait however long
+    the backlog looks.
 
-    QUEUE_UNSERVED: one index probe per queue with queued jobs, and pgqueue_worker.
+    QUEUE_UNSERVED: two index probes per queue with queued jobs, and pgqueue_worker.
     """
     params = {"alive_since": alive_since(now or timezone.now())}
     with connections[queue_db(using)].cursor() as cursor:

@@ -33,8 +33,9 @@ buckets, slowest_tasks         attempt_finished (slowest: joined to jobs by pk)
 workers_alive, workers_        pgqueue_worker, pruned by maintenance to a day         no
 overview
 row_estimate                   TABLE_ROW_ESTIMATE (one pg_class row)                  no
-unserved_queues                QUEUE_UNSERVED: one probe of pgqueue_job_claim per     no
-                               queue with runnable jobs, and pgqueue_worker
+unserved_queues                QUEUE_UNSERVED: one probe of pgqueue_job_claim and of  no
+                               pgqueue_job_gated per queue with queued jobs, and
+                               pgqueue_worker
 unserved_tasks                 TASK_UNSERVED: pgqueue_worker, for the task names      no
                                asked for (a page of the admin's job list)
 bounded_count (GET /jobs)      ids in pk order, LIMIT COUNT_CAP + 1; past it          no
@@ -127,13 +128,14 @@ SELECT b.tenant, b.queued, b.scheduled, b.backlog, t.weight,
 """
 
 # -- name: QUEUE_UNSERVED
-# The queues that have runnable (queued) jobs and no live worker taking from them: not
+# The queues that have queued jobs, runnable or gated (a limited tenant's, waiting for a
+# slot only a worker of the queue can give them), and no live worker taking from them: not
 # stopped, seen at or after %(alive_since)s, its ``queues`` (a JSON list) naming the queue.
-# Reads: the distinct queues of the queued rows by a skip scan of the partial index
-#   pgqueue_job_claim (queue, -priority, vtime, id): each step of the recursive CTE is one
-#   index probe for the next queue name after the last, so the cost grows with the number
-#   of queues, not of jobs; then pgqueue_worker (pruned by maintenance to a day of rows)
-#   for each of them.
+# Reads: the distinct queues of the queued rows by a skip scan of each partial index that
+#   holds them, pgqueue_job_claim (queue, -priority, vtime, id) and pgqueue_job_gated
+#   (queue, tenant, ...): each step of a recursive CTE is one index probe for the next
+#   queue name after the last, so the cost grows with the number of queues, not of jobs;
+#   then pgqueue_worker (pruned by maintenance to a day of rows) for each of them.
 # Called by liveness.unserved_queues for the dashboard's queue table and the admin's queue
 # filter and worker list.
 QUEUE_UNSERVED = """
@@ -146,16 +148,26 @@ WITH RECURSIVE runnable(queue) AS (
              ORDER BY j.queue LIMIT 1)
       FROM runnable r
      WHERE r.queue IS NOT NULL
+),
+gated(queue) AS (
+    (SELECT queue FROM pgqueue_job WHERE status = 'queued' AND gated
+      ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM pgqueue_job j
+             WHERE j.status = 'queued' AND j.gated AND j.queue > g.queue
+             ORDER BY j.queue LIMIT 1)
+      FROM gated g
+     WHERE g.queue IS NOT NULL
 )
-SELECT r.queue
-  FROM runnable r
- WHERE r.queue IS NOT NULL
+SELECT q.queue
+  FROM (SELECT queue FROM runnable UNION SELECT queue FROM gated) q
+ WHERE q.queue IS NOT NULL
    AND NOT EXISTS (
        SELECT 1 FROM pgqueue_worker w
         WHERE w.stopped_at IS NULL
           AND w.last_seen_at >= %(alive_since)s
-          AND w.queues @> jsonb_build_array(r.queue))
- ORDER BY r.queue
+          AND w.queues @> jsonb_build_array(q.queue))
+ ORDER BY q.queue
 """
 
 # -- name: TASK_UNSERVED

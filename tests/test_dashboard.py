@@ -17,7 +17,7 @@ from django.urls import resolve, reverse
 from django.utils import timezone
 
 import pgqueue
-from pgqueue import liveness, services, store
+from pgqueue import limits, liveness, services, store
 from pgqueue.chart import CHART_WIDTH, X_LABEL_GAP, X_LABEL_WIDTH, throughput_chart_svg
 from pgqueue.dashboard import dashboard_data, dashboard_view
 from pgqueue.durations import format_seconds
@@ -195,6 +195,17 @@ class TestData:
         # Served once a live worker lists it.
         add_worker("w-new", seen=now, queues=["orphan"])
         assert liveness.unserved_queues(now) == ["by-the-dead"]
+
+    def test_a_queue_whose_queued_jobs_are_all_gated_is_flagged_when_unserved(self, now):
+        """A limited tenant's jobs wait outside the claim index (gated); with no live worker
+        of their queue they wait for ever all the same, so the queue is flagged too."""
+        limits.set_tenant_limits("capped", max_running=1)
+        pgqueue.enqueue("test.noop", queue="gated-only", tenant="capped")
+        assert Job.objects.get(queue="gated-only").gated
+        assert liveness.unserved_queues(now) == ["gated-only"]
+        assert {q["queue"]: q for q in dashboard_data(now)["queues"]}["gated-only"]["unserved"]
+        add_worker("w-live", seen=now, queues=["gated-only"])
+        assert liveness.unserved_queues(now) == []
 
     def test_throughput_and_failures_per_minute_over_the_last_hour(self, now):
         five_ago = now - dt.timedelta(minutes=5)
