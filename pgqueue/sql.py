@@ -455,8 +455,9 @@ row_lock AS MATERIALIZED (
 ),"""
 
 
-#: The limited claim's last CTEs for a worker of one queue, after _LIMITED_ONE_QUEUE (see
-#: _claim): lock first, then take within the true rooms.
+#: ``row_lock`` of each form (see _claim): with one queue, the rows of every group with
+#: room in the snapshot and the queue's own, locked before any gated job is read; with
+#: several, the rows the picks count in, a gated pick's once the job is locked.
 _GROUP_ROW_LOCK = _row_lock(
     """SELECT unnest(ids) FROM groups WHERE room > 0
                             UNION ALL SELECT qid FROM queue_row WHERE free > 0"""
@@ -466,6 +467,8 @@ _PICKED_ROW_LOCK = _row_lock(
                              WHERE ids <> '{}'
                                AND (NOT gated OR id IN (SELECT id FROM gated_locked))"""
 )
+#: The limited claim's last CTEs for a worker of one queue, after _LIMITED_ONE_QUEUE (see
+#: _claim): lock first, then take within the true rooms.
 _LOCKED_ONE_QUEUE = f"""{_GROUP_ROW_LOCK}
 gated_jobs AS MATERIALIZED (
     SELECT j.id, j.priority, j.vtime, g.ids
@@ -497,6 +500,8 @@ final AS MATERIALIZED (
 ),"""
 
 
+#: The limited claim's ``counted`` (see _claim), after ``final``: each limit row's counter
+#: moved once by the starts less the slots given back, its tokens spent.
 _COUNTED = f"""
 counted AS (
     UPDATE pgqueue_limit l
