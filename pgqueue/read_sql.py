@@ -127,38 +127,36 @@ SELECT b.tenant, b.queued, b.scheduled, b.backlog, t.weight,
  ORDER BY b.backlog DESC, b.tenant
 """
 
+
+def _queues_of(cte: str, rows: str) -> str:
+    """A recursive CTE ``cte(queue)``: the distinct queues of the job rows matching ``rows``
+    (the predicate of a partial index that leads with queue), by a skip scan: each step is
+    one index probe for the next queue name after the last, so it costs one probe per
+    queue, not per job. Its last row is NULL."""
+    return f"""{cte}(queue) AS (
+    (SELECT queue FROM pgqueue_job WHERE {rows} ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM pgqueue_job j
+             WHERE {rows} AND j.queue > s.queue
+             ORDER BY j.queue LIMIT 1)
+      FROM {cte} s
+     WHERE s.queue IS NOT NULL
+)"""
+
+
 # -- name: QUEUE_UNSERVED
 # The queues that have queued jobs, runnable or gated (a limited tenant's, waiting for a
 # slot only a worker of the queue can give them), and no live worker taking from them: not
 # stopped, seen at or after %(alive_since)s, its ``queues`` (a JSON list) naming the queue.
-# Reads: the distinct queues of the queued rows by a skip scan of each partial index that
-#   holds them, pgqueue_job_claim (queue, -priority, vtime, id) and pgqueue_job_gated
-#   (queue, tenant, ...): each step of a recursive CTE is one index probe for the next
-#   queue name after the last, so the cost grows with the number of queues, not of jobs;
-#   then pgqueue_worker (pruned by maintenance to a day of rows) for each of them.
+# Reads: the distinct queues of the queued rows by a skip scan (_queues_of) of each partial
+#   index that holds them, pgqueue_job_claim (queue, -priority, vtime, id) and
+#   pgqueue_job_gated (queue, tenant, ...): one probe of each per queue, whatever the
+#   number of jobs; then pgqueue_worker (pruned by maintenance to a day of rows) for each.
 # Called by liveness.unserved_queues for the dashboard's queue table and the admin's queue
 # filter and worker list.
-QUEUE_UNSERVED = """
-WITH RECURSIVE runnable(queue) AS (
-    (SELECT queue FROM pgqueue_job WHERE status = 'queued' AND NOT gated
-      ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM pgqueue_job j
-             WHERE j.status = 'queued' AND NOT j.gated AND j.queue > r.queue
-             ORDER BY j.queue LIMIT 1)
-      FROM runnable r
-     WHERE r.queue IS NOT NULL
-),
-gated(queue) AS (
-    (SELECT queue FROM pgqueue_job WHERE status = 'queued' AND gated
-      ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM pgqueue_job j
-             WHERE j.status = 'queued' AND j.gated AND j.queue > g.queue
-             ORDER BY j.queue LIMIT 1)
-      FROM gated g
-     WHERE g.queue IS NOT NULL
-)
+QUEUE_UNSERVED = f"""
+WITH RECURSIVE {_queues_of("runnable", "status = 'queued' AND NOT gated")},
+{_queues_of("gated", "status = 'queued' AND gated")}
 SELECT q.queue
   FROM (SELECT queue FROM runnable UNION SELECT queue FROM gated) q
  WHERE q.queue IS NOT NULL
@@ -204,22 +202,13 @@ SELECT t.task
 #     and pgqueue_job_lease (their rows, for the queue). A single ``status IN (…)`` would
 #     match none of them and scan the table;
 #   - finished rows through the partial index pgqueue_job_finished_queue (queue, status): the
-#     distinct queues by a skip scan (one probe per queue, as in QUEUE_UNSERVED; its
+#     distinct queues by a skip scan (_queues_of: one probe per queue; its
 #     ``status IN (…)`` is the index's own predicate), then per queue and status an
 #     index-only scan that stops after %(bound)s entries. Cost: at most %(bound)s entries
 #     per queue and finished status, whatever the history.
 # Called by reads.job_counts for /stats, /metrics (pgqueue_jobs) and the dashboard.
-JOB_COUNTS_BOUNDED = """
-WITH RECURSIVE finished(queue) AS (
-    (SELECT queue FROM pgqueue_job
-      WHERE status IN ('done', 'dead', 'cancelled') ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM pgqueue_job j
-             WHERE j.status IN ('done', 'dead', 'cancelled') AND j.queue > f.queue
-             ORDER BY j.queue LIMIT 1)
-      FROM finished f
-     WHERE f.queue IS NOT NULL
-)
+JOB_COUNTS_BOUNDED = f"""
+WITH RECURSIVE {_queues_of("finished", "status IN ('done', 'dead', 'cancelled')")}
 SELECT queue, 'queued', count(*)
   FROM (SELECT queue FROM pgqueue_job WHERE status = 'queued' AND NOT gated
         UNION ALL

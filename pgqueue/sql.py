@@ -357,22 +357,17 @@ lim AS MATERIALIZED (
 ),"""
 
 
-def _gated_jobs(queue: str, ord: str) -> str:
-    """The limited claim's ``gated_jobs`` CTE (see above): each group ``g`` with room offers
-    its next gated jobs of ``queue`` (an SQL expression), LIMIT that room; ``ord`` is the
-    SQL of the group's queue rank."""
-    return f"""
-gated_jobs AS MATERIALIZED (
-    SELECT j.id, j.priority, j.vtime, {ord} AS ord, g.ids
-      FROM groups g
-     CROSS JOIN LATERAL (
+def _next_gated(queue: str, room: str, *, lock: bool) -> str:
+    """A LATERAL probe of pgqueue_job_gated for a group ``g``: its next ``room`` gated jobs of
+    ``queue`` (SQL expressions) in claim order, locked SKIP LOCKED as they are read when
+    ``lock``. The only read of a limited tenant's backlog, and never past its room."""
+    locking = "\n              FOR UPDATE SKIP LOCKED" if lock else ""
+    return f"""(
            SELECT id, priority, vtime FROM pgqueue_job
             WHERE queue = {queue} AND tenant = g.tenant AND status = 'queued' AND gated
             ORDER BY priority DESC, vtime, id
-            LIMIT g.room
-     ) j
-     WHERE g.room > 0
-),"""
+            LIMIT {room}{locking}
+     ) j"""
 
 
 #: The limited claim's first CTEs for a worker of one queue: ``lim``, its queue's own row
@@ -431,7 +426,13 @@ open_jobs AS MATERIALIZED (
      ) j
       LEFT JOIN groups g ON g.queue = b.name AND g.tenant = j.tenant
      WHERE b.free > 0
-),{_gated_jobs("g.queue", "g.ord")}
+),
+gated_jobs AS MATERIALIZED (
+    SELECT j.id, j.priority, j.vtime, g.ord, g.ids
+      FROM groups g
+     CROSS JOIN LATERAL {_next_gated("g.queue", "g.room", lock=False)}
+     WHERE g.room > 0
+),
 candidates AS MATERIALIZED (
     SELECT id, priority, vtime, ord, FALSE AS gated,
            CASE WHEN qid IS NULL THEN '{{}}'::bigint[] ELSE ARRAY[qid] END AS ids
@@ -476,14 +477,7 @@ gated_jobs AS MATERIALIZED (
      CROSS JOIN LATERAL (
            SELECT min(k.free) AS room, count(*) AS n FROM row_lock k WHERE k.id = ANY(g.ids)
      ) r
-     CROSS JOIN LATERAL (
-           SELECT id, priority, vtime FROM pgqueue_job
-            WHERE queue = (%(queues)s::text[])[1] AND tenant = g.tenant
-              AND status = 'queued' AND gated
-            ORDER BY priority DESC, vtime, id
-            LIMIT r.room
-              FOR UPDATE SKIP LOCKED
-     ) j
+     CROSS JOIN LATERAL {_next_gated("(%(queues)s::text[])[1]", "r.room", lock=True)}
      WHERE g.room > 0 AND r.n = cardinality(g.ids) AND r.room > 0
 ),
 final AS MATERIALIZED (
