@@ -302,10 +302,12 @@ uncount_lock AS MATERIALIZED (
 #   limits something (its jobs are then gated: _gated, read from ``lim`` instead of
 #   probed per job).
 # - ``open_jobs``: the ungated scan of the plain claim, LIMIT the jobs asked for (a number:
-#   see CLAIM_LIMIT), none when the queue's budget is 0, locked SKIP LOCKED; the queue's
-#   own row keeps the picks within its room (it is among their rows). A job of a tenant
-#   limited since it was queued (``stale``: its group limits something) is gated instead
-#   of run, by the UPDATE that leases the others (it is locked already): each is seen once.
+#   see CLAIM_LIMIT), locked SKIP LOCKED, defined before the rest and run first in the
+#   fused statements (_OPEN_FIRST): it reads no limit row, and a queue whose own row has
+#   no room claims none of what it locked. The queue's own row keeps the picks within its
+#   room (it is among their rows). A job of a tenant limited since it was queued
+#   (``stale``: its group limits something) is gated instead of run, by the UPDATE that
+#   leases the others (it is locked already): each is seen once.
 # ``row_lock`` locks limit rows in id order, SKIP LOCKED (a row another claim holds is left
 # this once: still exact, never waiting); each is re-read at its newest version before the
 # lock is granted and ``free`` is evaluated on that version: the truth, not the snapshot
@@ -385,17 +387,41 @@ groups AS MATERIALIZED (
       FROM lim l
      WHERE l.tenant <> ''
      GROUP BY l.tenant
-),
+),"""
+
+#: The one-queue limited claim's ungated scan (``open_jobs``, see _claim): the plain
+#: claim's scan, LIMIT the jobs asked for, locked SKIP LOCKED, and nothing else, so that
+#: it can run first (see _OPEN_FIRST). A job of a tenant limited since it was queued
+#: (``stale``) is told by its consumers from ``groups``.
+_OPEN_JOBS_ONE_QUEUE = f"""
 open_jobs AS MATERIALIZED (
-    SELECT id, priority, vtime,
-           tenant = ANY(ARRAY(SELECT tenant FROM groups WHERE limiting)) AS stale
+    SELECT id, tenant, priority, vtime
       FROM pgqueue_job
      WHERE queue = (%(queues)s::text[])[1] AND status = 'queued' AND NOT gated
-       AND (SELECT free FROM queue_row) > 0
      ORDER BY priority DESC, vtime, id
      LIMIT {CLAIM_LIMIT}
        FOR UPDATE SKIP LOCKED
 ),"""
+#: The several-queue limited claim's ungated scan (``open_scan``): each queue's best jobs,
+#: as JOB_CLAIM_MANY_QUEUES' scan, with their queue's rank ``ord``; ``open_jobs`` then
+#: leaves out a queue whose own row has no room (its jobs stay locked, unclaimed, until
+#: the claim commits) and tells the stale ones. Nothing else, so that it can run first
+#: (see _OPEN_FIRST).
+_OPEN_SCAN_MANY_QUEUES = f"""
+open_scan AS MATERIALIZED (
+    SELECT j.id, j.tenant, j.priority, j.vtime, q.ord
+      FROM unnest({CLAIM_QUEUES}) WITH ORDINALITY AS q(name, ord)
+     CROSS JOIN LATERAL (
+           SELECT id, tenant, priority, vtime FROM pgqueue_job
+            WHERE queue = q.name AND status = 'queued' AND NOT gated
+            ORDER BY priority DESC, vtime, id
+            LIMIT {CLAIM_LIMIT}
+              FOR UPDATE SKIP LOCKED
+     ) j
+),"""
+#: A one-queue limited claim's stale jobs (see _OPEN_JOBS_ONE_QUEUE): SQL, true of an
+#: ``open_jobs`` row whose tenant a limit row of ``groups`` limits.
+_STALE = "tenant = ANY(ARRAY(SELECT tenant FROM groups WHERE limiting))"
 
 #: The limited claim's first CTEs for a worker of several queues: as
 #: _LIMITED_ONE_QUEUE, with ``budget`` (each queue's own row, its rank ``ord`` in the
@@ -417,13 +443,7 @@ groups AS MATERIALIZED (
 open_jobs AS MATERIALIZED (
     SELECT j.id, j.priority, j.vtime, b.ord, b.qid, g.limiting IS TRUE AS stale
       FROM budget b
-     CROSS JOIN LATERAL (
-           SELECT id, tenant, priority, vtime FROM pgqueue_job
-            WHERE queue = b.name AND status = 'queued' AND NOT gated
-            ORDER BY priority DESC, vtime, id
-            LIMIT {CLAIM_LIMIT}
-              FOR UPDATE SKIP LOCKED
-     ) j
+      JOIN open_scan j ON j.ord = b.ord
       LEFT JOIN groups g ON g.queue = b.name AND g.tenant = j.tenant
      WHERE b.free > 0
 ),
@@ -483,7 +503,7 @@ gated_jobs AS MATERIALIZED (
 final AS MATERIALIZED (
     SELECT id, ids FROM (
         SELECT id, priority, vtime, array_remove(ARRAY[(SELECT qid FROM queue_row)], NULL) AS ids
-          FROM open_jobs WHERE NOT stale
+          FROM open_jobs WHERE NOT {_STALE}
         UNION ALL
         SELECT id, priority, vtime, ids FROM gated_jobs) c
      ORDER BY priority DESC, vtime, id
@@ -582,7 +602,9 @@ claimed AS (
 # (``claimed_at``), not at its start (now()): a statement that waited for an exit's lock
 # on a row and then took the slot that exit freed would otherwise show its job started
 # before the exit, an overlap the counter never had, in the attempt history.
-_CLAIM_UPDATE = f"""
+def _claim_update(stale: str) -> str:
+    """_CLAIM_UPDATE with ``stale`` (SQL on an ``open_jobs`` row) telling its stale jobs."""
+    return f"""
 claimed_at AS MATERIALIZED (
     SELECT COALESCE(%(now)s::timestamptz, clock_timestamp()) AS at
       FROM (SELECT count(*) FROM row_lock) locked  -- after the limit rows' locks
@@ -590,7 +612,7 @@ claimed_at AS MATERIALIZED (
 touched AS MATERIALIZED (
     SELECT id, NULLIF(ids, '{{}}') AS ids, TRUE AS run FROM final
     UNION ALL
-    SELECT id, NULL, FALSE FROM open_jobs WHERE stale
+    SELECT id, NULL, FALSE FROM open_jobs WHERE {stale}
 ),
 leased AS (
     UPDATE pgqueue_job j
@@ -611,6 +633,9 @@ leased AS (
               j.timeout_seconds, j.limit_ids
 ),
 claimed AS (SELECT * FROM leased WHERE run)"""
+
+
+_CLAIM_UPDATE = _claim_update("stale")
 _CLAIMED_COLUMNS = (
     "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, "
     "vtime, timeout_seconds, limit_ids"
@@ -687,10 +712,15 @@ uncounted AS (
 
 
 # Completions, as CTEs that end in ``done`` (the ids recorded); see JOB_COMPLETE_MANY.
-_COMPLETE = f"""
+def _complete(after: str = "") -> str:
+    """The completions' CTEs (see _COMPLETE). With ``after`` (a CTE defined before them),
+    their input waits, by a one-time filter, until that CTE has been read whole: a fused
+    limited claim's scan then runs first, as the plain claim's does (see _OPEN_FIRST)."""
+    first = f"\n     WHERE (SELECT count(*) FROM {after}) >= 0  -- {after} first" if after else ""
+    return f"""
 done_input AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::text[])
-        AS i(id, attempt, result)
+        AS i(id, attempt, result){first}
 ),
 done AS (
     UPDATE pgqueue_job j
@@ -706,6 +736,9 @@ done_history AS (
     INSERT INTO pgqueue_job_attempt (job_id, attempt, worker, started_at, finished_at, outcome)
     SELECT id, attempts, %(worker)s, started_at, {NOW}, 'done' FROM done
 )"""
+
+
+_COMPLETE = _complete()
 
 # -- name: JOB_CLAIM
 # Claim up to %(limit)s runnable jobs of one queue for one worker: a lease of %(lease)s
@@ -756,7 +789,7 @@ JOB_CLAIM_MANY_QUEUES = (
 # Called by: claim_store.claim_once, when JOB_CLAIM (or the previous limited claim) said a
 #   limit row applies to the worker's queue.
 JOB_CLAIM_LIMITED = (
-    f"WITH {_given_back(None)}{_claim(False)}{_CLAIM_UPDATE}"
+    f"WITH {_OPEN_JOBS_ONE_QUEUE}{_given_back(None)}{_claim(False)}{_claim_update(_STALE)}"
     f"\nSELECT {_CLAIMED_COLUMNS} FROM claimed" + _switch(_NO_LIMITS)
 )
 
@@ -770,7 +803,7 @@ JOB_CLAIM_LIMITED = (
 # Indexes: as JOB_CLAIM_LIMITED, one range scan per queue.
 # Called by: claim_store.claim_once with more than one queue.
 JOB_CLAIM_LIMITED_MANY_QUEUES = (
-    f"WITH {_given_back(None)}{_claim(True)}{_CLAIM_UPDATE}"
+    f"WITH {_OPEN_SCAN_MANY_QUEUES}{_given_back(None)}{_claim(True)}{_CLAIM_UPDATE}"
     f"\nSELECT {_CLAIMED_COLUMNS} FROM claimed" + _switch(_NO_LIMITS)
 )
 
@@ -829,22 +862,31 @@ JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
     + _switch(f"NOT {_NO_LIMITS}", "TRUE, ")
 )
 
+#: The fused one-queue limited claim's first CTEs: its ungated scan, then the completions,
+#: which read nothing until the scan is done. The statement's snapshot is taken as it
+#: starts; a job another worker claims and commits after it, before the scan reaches it,
+#: is locked by the scan at its newest version (READ COMMITTED follows the update) and
+#: then passed over, and that worker's next statement, recording the job, waits for this
+#: one's commit. Scanning first, as the plain claim does, keeps that window to the scan's
+#: own time instead of the completions' and the limit rows' too.
+_OPEN_FIRST = f"{_OPEN_JOBS_ONE_QUEUE}{_complete('open_jobs')}"
+
 # -- name: JOB_COMPLETE_AND_CLAIM_LIMITED
 # JOB_COMPLETE_MANY and JOB_CLAIM_LIMITED in one statement, for one queue: the
 # slots the recorded jobs were counted in are given back (_given_back) and may be taken
 # again at once by the claim; each limit row's counter moves once, by the net change.
-# Locks: the recorded rows (PK); their limit rows in id order, waiting (a decrement is
-#   never skipped), before any other limit row; then as JOB_CLAIM_LIMITED (every other
-#   lock SKIP LOCKED, so it never waits holding a limit row), until the statement's
-#   transaction commits at once.
+# Locks: first the ungated candidates, FOR UPDATE SKIP LOCKED (_OPEN_FIRST: scanned
+#   first, as in JOB_COMPLETE_AND_CLAIM); then the recorded rows (PK); their limit rows in
+#   id order, waiting (a decrement is never skipped), before any other limit row; then as
+#   JOB_CLAIM_LIMITED (every other lock SKIP LOCKED, so it never waits holding a limit
+#   row), until the statement's transaction commits at once.
 # Indexes: pgqueue_job_pkey (the completions), pgqueue_job_claim and pgqueue_job_gated
 #   (the claim, as JOB_CLAIM_LIMITED).
 # Called by: claim_store.claim_once, from the worker runtime in its steady state while a
 #   limit applies to its queues.
 JOB_COMPLETE_AND_CLAIM_LIMITED = (
-    f"WITH {_COMPLETE},{_given_back('done')}{_claim(False)}{_CLAIM_UPDATE}"
-    + _COMPLETE_AND_CLAIM
-    + _switch(_NO_LIMITS, "TRUE, ")
+    f"WITH {_OPEN_FIRST},{_given_back('done')}{_claim(False)}"
+    f"{_claim_update(_STALE)}" + _COMPLETE_AND_CLAIM + _switch(_NO_LIMITS, "TRUE, ")
 )
 
 # -- name: JOB_COMPLETE_AND_CLAIM_LIMITED_MANY_QUEUES
@@ -853,9 +895,8 @@ JOB_COMPLETE_AND_CLAIM_LIMITED = (
 # Locks, indexes: as JOB_COMPLETE_AND_CLAIM_LIMITED, one range scan per queue.
 # Called by: claim_store.claim_once with more than one queue.
 JOB_COMPLETE_AND_CLAIM_LIMITED_MANY_QUEUES = (
-    f"WITH {_COMPLETE},{_given_back('done')}{_claim(True)}{_CLAIM_UPDATE}"
-    + _COMPLETE_AND_CLAIM
-    + _switch(_NO_LIMITS, "TRUE, ")
+    f"WITH {_OPEN_SCAN_MANY_QUEUES}{_complete('open_scan')},{_given_back('done')}{_claim(True)}"
+    f"{_CLAIM_UPDATE}" + _COMPLETE_AND_CLAIM + _switch(_NO_LIMITS, "TRUE, ")
 )
 
 # -- name: JOB_FAIL_MANY

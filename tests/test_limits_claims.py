@@ -3,6 +3,10 @@ the limited one while one does, and the switch between them (claim_store, worker
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 import psycopg
 import pytest
 from django.db import OperationalError, connection, transaction
@@ -242,3 +246,61 @@ def test_a_raw_cursor_runs_the_claims_in_their_positional_form():
     assert again.recorded == {capped[0], *free}
     assert [j.id for j in again.jobs] == [capped[1]]
     assert Limit.objects.get(tenant="a").running == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("queues", [("default",), ("default", "other")])
+def test_the_fused_limited_claim_locks_the_jobs_it_scans_before_it_records_any(queues):
+    """Protection: the fused limited claim runs its ungated scan before its completions
+    (_OPEN_FIRST), as the plain claim does. A claim's scan locks, at its newest version, a
+    job another worker claimed and committed after the scan's snapshot was taken, and then
+    passes it over; that worker's next statement, recording the job, waits for the claim
+    to commit. The later the scan runs in its statement, the more such jobs it meets: with
+    two worker processes this was most of their waits. Here the recording part is held up
+    on purpose (another transaction holds the job it records): by then the jobs the claim
+    will take are already locked by it. With the completions first, they are not yet, and
+    another transaction can lock them."""
+    limits.set_tenant_limits("a", max_running=2)  # a limit row: the claims are limited
+    enqueue(1, "b")
+    (held,) = once(True, queues, limit=1).jobs
+    queued = enqueue(3, "b")
+    results = [(held.id, held.attempt, None)]
+    outcome: dict[str, Any] = {}
+    connected = threading.Event()
+
+    def claim() -> None:
+        with psycopg.connect(**connect_params("default")) as conn, conn.cursor() as cur:
+            outcome["pid"] = conn.info.backend_pid
+            connected.set()
+            outcome["claim"] = claim_store.claim_once(
+                cur, worker="w", queues=queues, limit=10, limited=True, results=results
+            )
+
+    with psycopg.connect(**connect_params("default")) as holder:
+        holder.execute("SELECT 1 FROM pgqueue_job WHERE id = %s FOR UPDATE", [held.id])
+        worker = threading.Thread(target=claim)
+        worker.start()
+        assert connected.wait(10)
+        with psycopg.connect(**connect_params("default"), autocommit=True) as probe:
+            for _ in range(500):  # the claim is waiting for the held job: bounded, 10 s
+                waiting = probe.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
+                    " AND wait_event_type = 'Lock'",
+                    [outcome["pid"]],
+                ).fetchone()[0]
+                if waiting:
+                    break
+                time.sleep(0.02)
+            assert waiting, "the fused claim never waited for the held job"
+            with probe.transaction():
+                free = probe.execute(
+                    "SELECT id FROM pgqueue_job WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED",
+                    [queued],
+                ).fetchall()
+        assert free == []  # every job the claim will take was locked before it waited
+        holder.rollback()
+        worker.join(10)
+    assert not worker.is_alive()
+    got = outcome["claim"]
+    assert got.recorded == {held.id}
+    assert sorted(j.id for j in got.jobs) == sorted(queued)
