@@ -140,14 +140,17 @@ def _drain_rate(exclude: str | None = None) -> float:
     return done / float(seconds)
 
 
-def cost_run(capped: bool, jobs: int) -> float:
+def cost_run(capped: bool, jobs: int, processes: int = 1) -> float:
+    """jobs/s of ``jobs`` no-op jobs of TENANTS tenants, CAPPED_TENANTS of them capped at
+    COST_CAP when ``capped``, drained by one runworker --burst of concurrency 8 in all
+    (``processes`` processes of 8 / processes threads)."""
     reset_tables()
     names = [f"t{i:02}" for i in range(TENANTS)]
     if capped:
         _set_caps(dict.fromkeys(names[:CAPPED_TENANTS], COST_CAP))
     _enqueue("bench.noop", dict.fromkeys(names, jobs // TENANTS))
     _vacuum()
-    run_burst(8)
+    run_burst(8 // processes, processes)
     left = scalar("SELECT count(*) FROM pgqueue_job WHERE status <> 'done'")
     if left:
         raise SystemExit(f"{left} jobs not done after the burst")
@@ -287,6 +290,7 @@ def chart(r: dict[str, Any], path: Path) -> None:
 def run(quick: bool, out_dir: Path) -> dict[str, Any]:
     exact_jobs, exact_runs = (300, 2) if quick else (2_000, 3)
     cost_jobs, pairs = (5_000, 2) if quick else (20_000, 5)
+    pairs2 = 1 if quick else 5
     backlog = 50_000 if quick else 1_000_000
     rate_count, rate_jobs, rate_s = (20, 500, 5.0) if quick else (50, 5_000, 10.0)
 
@@ -308,6 +312,13 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             rates[variant].append(cost_run(variant == "caps", cost_jobs))
             print(f"   cost, {variant}: {rates[variant][-1]:,.0f} jobs/s", flush=True)
     cost_ratio = median(rates["caps"]) / median(rates["none"])
+    # The same mix with two worker processes, whose claims meet each other's locks.
+    rates2: dict[str, list[float]] = {"none": [], "caps": []}
+    for _ in range(pairs2):
+        for variant in ("none", "caps"):
+            rates2[variant].append(cost_run(variant == "caps", cost_jobs, processes=2))
+            print(f"   cost, 2 processes, {variant}: {rates2[variant][-1]:,.0f} jobs/s", flush=True)
+    cost_ratio2 = median(rates2["caps"]) / median(rates2["none"])
 
     held: dict[str, list[dict[str, Any]]] = {"empty": [], "backlog": []}
     for _ in range(2):
@@ -366,6 +377,19 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         f"{'met' if cost_ratio >= 0.9 else 'NOT met'}); {backlog:,}-job backlog / none: "
         f"{backlog_ratio:.2f} (target >= 0.9: {'met' if backlog_ratio >= 0.9 else 'NOT met'})"
     )
+    report += "\n\nCost with 2 processes x 4 threads (the same mix):\n" + table(
+        ["case", "jobs/s (median)", "runs"],
+        [
+            [name, median(rates2[key]), " ".join(f"{x:,.0f}" for x in rates2[key])]
+            for name, key in (
+                ("no limits", "none"),
+                (f"{CAPPED_TENANTS} of {TENANTS} tenants capped at {COST_CAP}", "caps"),
+            )
+        ],
+    )
+    pair_ratios2 = [c / n for n, c in zip(rates2["none"], rates2["caps"], strict=True)]
+    report += "\neach pair, caps / no limits: " + " ".join(f"{r:.2f}" for r in pair_ratios2)
+    report += f"\ncaps / no limits, 2 processes: {cost_ratio2:.2f}"
     report += (
         f"\n\nRate limit {rated['rate']} ({rate_jobs:,} no-op jobs, 1 worker x 8 threads, "
         f"{rate_s:.0f} s): {rated['starts']} starts; per second: "
@@ -384,7 +408,8 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         f"{cost_jobs:,} no-op jobs of {TENANTS} tenants in equal shares, one runworker --burst "
         f"--concurrency 8 per run, {CAPPED_TENANTS} tenants (10% of the jobs) capped at "
         f"{COST_CAP} against none, {pairs} alternated pairs, medians, jobs/s = jobs / (last "
-        f"finish - first start); backlog: {cost_jobs:,} no-op jobs of {TENANTS - 1} tenants "
+        f"finish - first start); the same with runworker --processes 2 --concurrency 4, "
+        f"{pairs2} alternated pairs; backlog: {cost_jobs:,} no-op jobs of {TENANTS - 1} tenants "
         f"while one tenant capped at 1 runs a long job (a worker of another queue holds it) "
         f"with {backlog:,} gated jobs queued behind its cap (INSERT ... SELECT "
         "generate_series), against nothing behind it, 2 alternated pairs, medians. Rate: "
@@ -400,6 +425,8 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             "caps_never_exceeded": exact_ok,
             "cost_jobs_per_s": rates,
             "cost_ratio": cost_ratio,
+            "cost_jobs_per_s_2_processes": rates2,
+            "cost_ratio_2_processes": cost_ratio2,
             "backlog": backlog,
             "backlog_runs": held,
             "backlog_ratio": backlog_ratio,
