@@ -862,14 +862,16 @@ JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
     + _switch(f"NOT {_NO_LIMITS}", "TRUE, ")
 )
 
-#: The fused one-queue limited claim's first CTEs: its ungated scan, then the completions,
-#: which read nothing until the scan is done. The statement's snapshot is taken as it
-#: starts; a job another worker claims and commits after it, before the scan reaches it,
-#: is locked by the scan at its newest version (READ COMMITTED follows the update) and
-#: then passed over, and that worker's next statement, recording the job, waits for this
-#: one's commit. Scanning first, as the plain claim does, keeps that window to the scan's
-#: own time instead of the completions' and the limit rows' too.
+#: The fused limited claims' first CTEs (one queue; _OPEN_FIRST_MANY_QUEUES for several):
+#: the ungated scan, then the completions, which read nothing until the scan is done. The
+#: statement's snapshot is taken as it starts; a job another worker claims and commits
+#: after it, before the scan reaches it, is locked by the scan at its newest version (READ
+#: COMMITTED follows the update) and then passed over, and that worker's next statement,
+#: recording the job, waits for this one's commit. Scanning first, as the plain claim
+#: does, keeps that window to the scan's own time instead of the completions' and the
+#: limit rows' too.
 _OPEN_FIRST = f"{_OPEN_JOBS_ONE_QUEUE}{_complete('open_jobs')}"
+_OPEN_FIRST_MANY_QUEUES = f"{_OPEN_SCAN_MANY_QUEUES}{_complete('open_scan')}"
 
 # -- name: JOB_COMPLETE_AND_CLAIM_LIMITED
 # JOB_COMPLETE_MANY and JOB_CLAIM_LIMITED in one statement, for one queue: the
@@ -895,8 +897,9 @@ JOB_COMPLETE_AND_CLAIM_LIMITED = (
 # Locks, indexes: as JOB_COMPLETE_AND_CLAIM_LIMITED, one range scan per queue.
 # Called by: claim_store.claim_once with more than one queue.
 JOB_COMPLETE_AND_CLAIM_LIMITED_MANY_QUEUES = (
-    f"WITH {_OPEN_SCAN_MANY_QUEUES}{_complete('open_scan')},{_given_back('done')}{_claim(True)}"
-    f"{_CLAIM_UPDATE}" + _COMPLETE_AND_CLAIM + _switch(_NO_LIMITS, "TRUE, ")
+    f"WITH {_OPEN_FIRST_MANY_QUEUES},{_given_back('done')}{_claim(True)}{_CLAIM_UPDATE}"
+    + _COMPLETE_AND_CLAIM
+    + _switch(_NO_LIMITS, "TRUE, ")
 )
 
 # -- name: JOB_FAIL_MANY
