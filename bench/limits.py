@@ -157,6 +157,23 @@ def cost_run(capped: bool, jobs: int, processes: int = 1) -> float:
     return _drain_rate()
 
 
+def cost_pairs(pairs: int, jobs: int, processes: int = 1) -> dict[str, list[float]]:
+    """``pairs`` alternated cost runs (no limits, then caps) at ``processes``: jobs/s of each."""
+    label = "" if processes == 1 else f"{processes} processes, "
+    rates: dict[str, list[float]] = {"none": [], "caps": []}
+    for _ in range(pairs):
+        for variant in ("none", "caps"):
+            rates[variant].append(cost_run(variant == "caps", jobs, processes))
+            print(f"   cost, {label}{variant}: {rates[variant][-1]:,.0f} jobs/s", flush=True)
+    return rates
+
+
+def _each_pair(rates: dict[str, list[float]]) -> str:
+    """The report's line of each pair's ratio, caps / no limits."""
+    ratios = [c / n for n, c in zip(rates["none"], rates["caps"], strict=True)]
+    return "\neach pair, caps / no limits: " + " ".join(f"{r:.2f}" for r in ratios)
+
+
 def insert_backlog(rows: int) -> float:
     """``rows`` queued, gated no-op jobs of BACKLOG in the default queue, in claim order, by
     one INSERT ... SELECT; seconds taken (VACUUM ANALYZE included)."""
@@ -306,18 +323,10 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             flush=True,
         )
 
-    rates: dict[str, list[float]] = {"none": [], "caps": []}
-    for _ in range(pairs):
-        for variant in ("none", "caps"):
-            rates[variant].append(cost_run(variant == "caps", cost_jobs))
-            print(f"   cost, {variant}: {rates[variant][-1]:,.0f} jobs/s", flush=True)
+    rates = cost_pairs(pairs, cost_jobs)
     cost_ratio = median(rates["caps"]) / median(rates["none"])
     # The same mix with two worker processes, whose claims meet each other's locks.
-    rates2: dict[str, list[float]] = {"none": [], "caps": []}
-    for _ in range(pairs2):
-        for variant in ("none", "caps"):
-            rates2[variant].append(cost_run(variant == "caps", cost_jobs, processes=2))
-            print(f"   cost, 2 processes, {variant}: {rates2[variant][-1]:,.0f} jobs/s", flush=True)
+    rates2 = cost_pairs(pairs2, cost_jobs, processes=2)
     cost_ratio2 = median(rates2["caps"]) / median(rates2["none"])
 
     held: dict[str, list[dict[str, Any]]] = {"empty": [], "backlog": []}
@@ -370,8 +379,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             ],
         ],
     )
-    pair_ratios = [c / n for n, c in zip(rates["none"], rates["caps"], strict=True)]
-    report += "\neach pair, caps / no limits: " + " ".join(f"{r:.2f}" for r in pair_ratios)
+    report += _each_pair(rates)
     report += (
         f"\ncaps / no limits: {cost_ratio:.2f} (target >= 0.9: "
         f"{'met' if cost_ratio >= 0.9 else 'NOT met'}); {backlog:,}-job backlog / none: "
@@ -387,8 +395,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             )
         ],
     )
-    pair_ratios2 = [c / n for n, c in zip(rates2["none"], rates2["caps"], strict=True)]
-    report += "\neach pair, caps / no limits: " + " ".join(f"{r:.2f}" for r in pair_ratios2)
+    report += _each_pair(rates2)
     report += f"\ncaps / no limits, 2 processes: {cost_ratio2:.2f}"
     report += (
         f"\n\nRate limit {rated['rate']} ({rate_jobs:,} no-op jobs, 1 worker x 8 threads, "
