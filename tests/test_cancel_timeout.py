@@ -23,7 +23,7 @@ from pgqueue.models import Job
 from pgqueue.worker.connection import connect_params
 from tests.api_fixtures import client, new_key
 from tests.conftest import fold_all
-from tests.workers import STARTUP, StartWorker, history, wait_for
+from tests.workers import STARTUP, StartWorker, history, wait_for, waiting_on_a_lock
 
 #: A short lease: a heartbeat every second, maintenance often, a tiny backoff.
 SHORT = {"LEASE_SECONDS": 3, "MAINTENANCE_SECONDS": 0.2, "BACKOFF_BASE": 0.05}
@@ -153,7 +153,7 @@ def test_a_cancel_request_committed_first_wins_over_the_completion() -> None:
 
         t = threading.Thread(target=complete)
         t.start()
-        wait_for(lambda: _waiting_on_a_lock(w1.info.backend_pid), 10, "the completion to wait")
+        wait_for(lambda: waiting_on_a_lock(w1.info.backend_pid), 10, "the completion to wait")
         asker.commit()
         t.join(10)
         assert result["done"] == set()  # refused: the request committed first
@@ -195,20 +195,13 @@ def test_a_completion_committed_first_wins_over_the_cancel_request() -> None:
 
         t = threading.Thread(target=cancel)
         t.start()
-        wait_for(lambda: pids and _waiting_on_a_lock(pids[0]), 10, "the request to wait")
+        wait_for(lambda: pids and waiting_on_a_lock(pids[0]), 10, "the request to wait")
         w1.commit()
         t.join(10)
     assert len(errors) == 1 and isinstance(errors[0], pgqueue.InvalidTransition), errors
     row = Job.objects.get(pk=job.id)
     assert (row.status, row.result, row.cancel_requested_at) == ("done", {"x": 1}, None)
     assert history(job.id) == [(1, "done", "w1")]
-
-
-def _waiting_on_a_lock(pid: int) -> bool:
-    with connection.cursor() as cur:
-        cur.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
-        row = cur.fetchone()
-    return row is not None and row[0] == "Lock"
 
 
 # -- timeouts ---------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ the limited one while one does, and the switch between them (claim_store, worker
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import psycopg
@@ -18,6 +17,7 @@ from pgqueue.models import Job
 from pgqueue.worker.claiming import Claims
 from pgqueue.worker.connection import connect_params
 from pgqueue.worker.maintenance import recount_limits
+from tests.workers import wait_for, waiting_on_a_lock
 
 pytestmark = pytest.mark.django_db
 
@@ -281,22 +281,15 @@ def test_the_fused_limited_claim_locks_the_jobs_it_scans_before_it_records_any(q
         worker = threading.Thread(target=claim)
         worker.start()
         assert connected.wait(10)
-        with psycopg.connect(**connect_params("default"), autocommit=True) as probe:
-            for _ in range(500):  # the claim is waiting for the held job: bounded, 10 s
-                waiting = probe.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
-                    " AND wait_event_type = 'Lock'",
-                    [outcome["pid"]],
-                ).fetchone()[0]
-                if waiting:
-                    break
-                time.sleep(0.02)
-            assert waiting, "the fused claim never waited for the held job"
-            with probe.transaction():
-                free = probe.execute(
-                    "SELECT id FROM pgqueue_job WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED",
-                    [queued],
-                ).fetchall()
+        wait_for(lambda: waiting_on_a_lock(outcome["pid"]), 10, "the claim to wait for the job")
+        with (
+            psycopg.connect(**connect_params("default"), autocommit=True) as probe,
+            probe.transaction(),
+        ):
+            free = probe.execute(
+                "SELECT id FROM pgqueue_job WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED",
+                [queued],
+            ).fetchall()
         assert free == []  # every job the claim will take was locked before it waited
         holder.rollback()
         worker.join(10)

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 import pytest
-from django.db import connections
+from django.db import connection, connections
 
 from pgqueue.models import JobAttempt
 from pgqueue.models import Worker as WorkerRow
@@ -57,6 +57,15 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str) -> T:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}", pytrace=False)
         time.sleep(POLL)
+
+
+def waiting_on_a_lock(pid: int) -> bool:
+    """The backend ``pid`` is waiting for a lock now (pg_stat_activity), read on Django's
+    connection: how a test knows another connection's statement is blocked where it meant."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cur.fetchone()
+    return row is not None and row[0] == "Lock"
 
 
 # -- the worker subprocess ------------------------------------------------------------------
