@@ -301,13 +301,14 @@ uncount_lock AS MATERIALIZED (
 #   its rows, its room (the least of theirs and the queue's) and whether one of them
 #   limits something (its jobs are then gated: _gated, read from ``lim`` instead of
 #   probed per job).
-# - ``open_jobs``: the ungated scan of the plain claim, LIMIT the jobs asked for (a number:
+# - ``open_scan``: the ungated scan of the plain claim, LIMIT the jobs asked for (a number:
 #   see CLAIM_LIMIT), locked SKIP LOCKED, defined before the rest and run first in the
-#   fused statements (_OPEN_FIRST): it reads no limit row, and a queue whose own row has
-#   no room claims none of what it locked. The queue's own row keeps the picks within its
-#   room (it is among their rows). A job of a tenant limited since it was queued
-#   (``stale``: its group limits something) is gated instead of run, by the UPDATE that
-#   leases the others (it is locked already): each is seen once.
+#   fused statements (_OPEN_FIRST): it reads no limit row. ``open_jobs``: the scanned
+#   jobs, none of a queue whose own row has no room (they stay locked, unclaimed, until
+#   the claim commits). The queue's own row keeps the picks within its room (it is among
+#   their rows). A job of a tenant limited since it was queued (``stale``: its group
+#   limits something) is gated instead of run, by the UPDATE that leases the others (it is
+#   locked already): each is seen once.
 # ``row_lock`` locks limit rows in id order, SKIP LOCKED (a row another claim holds is left
 # this once: still exact, never waiting); each is re-read at its newest version before the
 # lock is granted and ``free`` is evaluated on that version: the truth, not the snapshot
@@ -372,9 +373,10 @@ def _next_gated(queue: str, room: str, *, lock: bool) -> str:
      ) j"""
 
 
-#: The limited claim's first CTEs for a worker of one queue: ``lim``, its queue's own row
-#: (``queue_row``, none or one), ``groups`` (tenants) and ``open_jobs`` (the plain claim's
-#: scan, as JOB_CLAIM's); see _claim.
+#: The limited claim's first CTEs for a worker of one queue, after its scan (``open_scan``,
+#: _OPEN_SCAN_ONE_QUEUE): ``lim``, its queue's own row (``queue_row``, none or one),
+#: ``groups`` (tenants) and ``open_jobs`` (the scanned jobs, each told ``stale`` or not
+#: from ``groups``); see _claim.
 _LIMITED_ONE_QUEUE = f"""{_lim("= (%(queues)s::text[])[1]")}
 queue_row AS MATERIALIZED (
     SELECT (SELECT id FROM lim WHERE tenant = '') AS qid,
@@ -387,14 +389,18 @@ groups AS MATERIALIZED (
       FROM lim l
      WHERE l.tenant <> ''
      GROUP BY l.tenant
+),
+open_jobs AS MATERIALIZED (
+    SELECT id, priority, vtime,
+           tenant = ANY(ARRAY(SELECT tenant FROM groups WHERE limiting)) AS stale
+      FROM open_scan
 ),"""
 
-#: The one-queue limited claim's ungated scan (``open_jobs``, see _claim): the plain
+#: The one-queue limited claim's ungated scan (``open_scan``, see _claim): the plain
 #: claim's scan, LIMIT the jobs asked for, locked SKIP LOCKED, and nothing else, so that
-#: it can run first (see _OPEN_FIRST). A job of a tenant limited since it was queued
-#: (``stale``) is told by its consumers from ``groups``.
-_OPEN_JOBS_ONE_QUEUE = f"""
-open_jobs AS MATERIALIZED (
+#: it can run first (see _OPEN_FIRST); ``open_jobs`` then tells the stale ones.
+_OPEN_SCAN_ONE_QUEUE = f"""
+open_scan AS MATERIALIZED (
     SELECT id, tenant, priority, vtime
       FROM pgqueue_job
      WHERE queue = (%(queues)s::text[])[1] AND status = 'queued' AND NOT gated
@@ -419,9 +425,6 @@ open_scan AS MATERIALIZED (
               FOR UPDATE SKIP LOCKED
      ) j
 ),"""
-#: A one-queue limited claim's stale jobs (see _OPEN_JOBS_ONE_QUEUE): SQL, true of an
-#: ``open_jobs`` row whose tenant a limit row of ``groups`` limits.
-_STALE = "tenant = ANY(ARRAY(SELECT tenant FROM groups WHERE limiting))"
 
 #: The limited claim's first CTEs for a worker of several queues: as
 #: _LIMITED_ONE_QUEUE, with ``budget`` (each queue's own row, its rank ``ord`` in the
@@ -503,7 +506,7 @@ gated_jobs AS MATERIALIZED (
 final AS MATERIALIZED (
     SELECT id, ids FROM (
         SELECT id, priority, vtime, array_remove(ARRAY[(SELECT qid FROM queue_row)], NULL) AS ids
-          FROM open_jobs WHERE NOT {_STALE}
+          FROM open_jobs WHERE NOT stale
         UNION ALL
         SELECT id, priority, vtime, ids FROM gated_jobs) c
      ORDER BY priority DESC, vtime, id
@@ -602,9 +605,7 @@ claimed AS (
 # (``claimed_at``), not at its start (now()): a statement that waited for an exit's lock
 # on a row and then took the slot that exit freed would otherwise show its job started
 # before the exit, an overlap the counter never had, in the attempt history.
-def _claim_update(stale: str) -> str:
-    """_CLAIM_UPDATE with ``stale`` (SQL on an ``open_jobs`` row) telling its stale jobs."""
-    return f"""
+_CLAIM_UPDATE = f"""
 claimed_at AS MATERIALIZED (
     SELECT COALESCE(%(now)s::timestamptz, clock_timestamp()) AS at
       FROM (SELECT count(*) FROM row_lock) locked  -- after the limit rows' locks
@@ -612,7 +613,7 @@ claimed_at AS MATERIALIZED (
 touched AS MATERIALIZED (
     SELECT id, NULLIF(ids, '{{}}') AS ids, TRUE AS run FROM final
     UNION ALL
-    SELECT id, NULL, FALSE FROM open_jobs WHERE {stale}
+    SELECT id, NULL, FALSE FROM open_jobs WHERE stale
 ),
 leased AS (
     UPDATE pgqueue_job j
@@ -633,9 +634,6 @@ leased AS (
               j.timeout_seconds, j.limit_ids
 ),
 claimed AS (SELECT * FROM leased WHERE run)"""
-
-
-_CLAIM_UPDATE = _claim_update("stale")
 _CLAIMED_COLUMNS = (
     "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, "
     "vtime, timeout_seconds, limit_ids"
@@ -789,7 +787,7 @@ JOB_CLAIM_MANY_QUEUES = (
 # Called by: claim_store.claim_once, when JOB_CLAIM (or the previous limited claim) said a
 #   limit row applies to the worker's queue.
 JOB_CLAIM_LIMITED = (
-    f"WITH {_OPEN_JOBS_ONE_QUEUE}{_given_back(None)}{_claim(False)}{_claim_update(_STALE)}"
+    f"WITH {_OPEN_SCAN_ONE_QUEUE}{_given_back(None)}{_claim(False)}{_CLAIM_UPDATE}"
     f"\nSELECT {_CLAIMED_COLUMNS} FROM claimed" + _switch(_NO_LIMITS)
 )
 
@@ -870,7 +868,7 @@ JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
 #: recording the job, waits for this one's commit. Scanning first, as the plain claim
 #: does, keeps that window to the scan's own time instead of the completions' and the
 #: limit rows' too.
-_OPEN_FIRST = f"{_OPEN_JOBS_ONE_QUEUE}{_complete('open_jobs')}"
+_OPEN_FIRST = f"{_OPEN_SCAN_ONE_QUEUE}{_complete('open_scan')}"
 _OPEN_FIRST_MANY_QUEUES = f"{_OPEN_SCAN_MANY_QUEUES}{_complete('open_scan')}"
 
 # -- name: JOB_COMPLETE_AND_CLAIM_LIMITED
@@ -887,8 +885,9 @@ _OPEN_FIRST_MANY_QUEUES = f"{_OPEN_SCAN_MANY_QUEUES}{_complete('open_scan')}"
 # Called by: claim_store.claim_once, from the worker runtime in its steady state while a
 #   limit applies to its queues.
 JOB_COMPLETE_AND_CLAIM_LIMITED = (
-    f"WITH {_OPEN_FIRST},{_given_back('done')}{_claim(False)}"
-    f"{_claim_update(_STALE)}" + _COMPLETE_AND_CLAIM + _switch(_NO_LIMITS, "TRUE, ")
+    f"WITH {_OPEN_FIRST},{_given_back('done')}{_claim(False)}{_CLAIM_UPDATE}"
+    + _COMPLETE_AND_CLAIM
+    + _switch(_NO_LIMITS, "TRUE, ")
 )
 
 # -- name: JOB_COMPLETE_AND_CLAIM_LIMITED_MANY_QUEUES
