@@ -39,6 +39,8 @@ CLAIM_LIMIT = "%(limit)s"
 CLAIM_QUEUES = "(SELECT %(queues)s::text[])"
 #: The comment beside a BY_ID condition.
 BY_ID = "by id: a pgqueue_job_pkey lookup in any plan"
+#: The same for limit rows: a claim reads the rows it needs, never every row of the table.
+LIMIT_BY_ID = "by id: pgqueue_limit_pkey lookups, not a scan of every limit row"
 
 
 def claim_limit(statement: str, limit: int) -> str:
@@ -281,6 +283,7 @@ uncount_n AS MATERIALIZED (
 ),
 uncount_lock AS MATERIALIZED (
     SELECT l.id, u.n FROM pgqueue_limit l JOIN uncount_n u ON u.lid = l.id
+     WHERE l.id = ANY(ARRAY(SELECT lid FROM uncount_n))  -- {LIMIT_BY_ID}
      ORDER BY l.id FOR UPDATE OF l
 ),"""
 
@@ -291,16 +294,22 @@ uncount_lock AS MATERIALIZED (
 # queue, candidates are taken in plain (priority DESC, vtime, id) order; with several
 # (``many``), each queue offers its best jobs and they are interleaved rank by rank
 # (priority first), because vtimes of different queues are not comparable. Both start:
+# - ``gated_tenants``: the (queue, tenant) pairs with gated jobs queued, by a skip scan of
+#   pgqueue_job_gated (one index descent per pair): a limited tenant with nothing queued
+#   costs the claim nothing, however many there are.
 # - ``lim``: the limit rows that apply to these queues (a tenant's, a tenant's in one of
-#   them, a queue's own), with their room in the snapshot (the slots given back in this
-#   statement counted free): a hint, checked under the rows' locks below. It reads
-#   ``uncount_lock``, so every waiting lock is taken before the first SKIP LOCKED one.
+#   them, a queue's own) of the tenants of ``gated_tenants`` and of the scanned ungated
+#   jobs (looked up on pgqueue_limit_scope), with their room in the snapshot (the slots
+#   given back in this statement counted free): a hint, checked under the rows' locks
+#   below. It reads ``uncount_lock``, so every waiting lock is taken before the first SKIP
+#   LOCKED one.
 # - ``budget`` (several queues) or ``queue_row`` (one): per queue, its own row and the
 #   starts it allows (none: %(limit)s).
 # - ``groups``: the (queue, tenant) pairs with a row (one queue: the tenants), each with
-#   its rows, its room (the least of theirs and the queue's) and whether one of them
-#   limits something (its jobs are then gated: _gated, read from ``lim`` instead of
-#   probed per job).
+#   its rows, its room (the least of theirs and the queue's), whether one of them limits
+#   something (its jobs are then gated: _gated, read from ``lim`` instead of probed per
+#   job) and whether it has gated jobs queued (``has_gated``: only such a group's rows
+#   are locked and its gated jobs probed).
 # - ``open_scan``: the ungated scan of the plain claim, LIMIT the jobs asked for (a number:
 #   see CLAIM_LIMIT), locked SKIP LOCKED, defined before the rest and run first in the
 #   fused statements (_OPEN_FIRST): it reads no limit row. ``open_jobs``: the scanned
@@ -315,7 +324,8 @@ uncount_lock AS MATERIALIZED (
 # (a count(*) of running jobs would overshoot). Then, with one queue, lock first and take
 # within the true rooms (_LOCKED_ONE_QUEUE), since no two tenants share a row there but
 # the queue's own:
-# - ``row_lock``: the rows of every group with room in the snapshot, and the queue's own.
+# - ``row_lock``: the rows of every group with gated jobs and room in the snapshot, and the
+#   queue's own.
 # - ``gated_jobs``: each group whose rows are all locked, with room, offers its next jobs
 #   of pgqueue_job_gated, LIMIT the least true room of its rows, locked SKIP LOCKED (and
 #   so still queued at their newest version); a capped tenant (room 0) is skipped without
@@ -325,8 +335,8 @@ uncount_lock AS MATERIALIZED (
 #   group's starts are within each of its rows' true rooms, and the queue's within its.
 # With several queues a tenant-wide row is shared by the tenant's groups in each queue,
 # so choose first, from the snapshot, and lock and check only what was chosen:
-# - ``gated_jobs``: each group with room offers its next jobs of pgqueue_job_gated, LIMIT
-#   that room, unlocked.
+# - ``gated_jobs``: each group with gated jobs and room offers its next jobs of
+#   pgqueue_job_gated, LIMIT that room, unlocked.
 # - ``ranks``: each candidate's rank, in claim order, among the candidates counting in the
 #   same row; ``picked``: the best %(limit)s candidates whose rank in each of their rows
 #   is within the row's room in the snapshot.
@@ -346,17 +356,43 @@ uncount_lock AS MATERIALIZED (
 # not limit (bench.limits).
 
 
-def _lim(queue_match: str) -> str:
-    """The limited claim's ``lim`` CTE (see above): the limit rows whose queue column
-    ``queue_match`` accepts (an SQL suffix such as ``= ANY(...)``), a queue's own only when
-    it limits something, a tenant's also in queue '' (tenant-wide)."""
+def _gated_tenants(queues: str) -> str:
+    """The limited claim's ``gated_tenants`` CTE (see above): the (queue, tenant) pairs of
+    ``queues`` (an SQL text[]) with a gated job queued, found by a skip scan of
+    pgqueue_job_gated (queue, tenant, ...): one index descent per queue and per such
+    tenant, whatever the tenant's backlog, and none for a tenant without gated jobs."""
+    gated = "status = 'queued' AND gated"
     return f"""
+gated_tenants AS MATERIALIZED (
+    WITH RECURSIVE t(queue, tenant) AS (
+        SELECT q.name, (SELECT min(tenant) FROM pgqueue_job WHERE queue = q.name AND {gated})
+          FROM unnest({queues}) AS q(name)
+        UNION ALL
+        SELECT t.queue, (SELECT min(j.tenant) FROM pgqueue_job j
+                          WHERE j.queue = t.queue AND j.{gated.replace(" AND ", " AND j.")}
+                            AND j.tenant > t.tenant)
+          FROM t WHERE t.tenant IS NOT NULL
+    )
+    SELECT queue, tenant FROM t WHERE tenant IS NOT NULL
+),"""
+
+
+def _lim(queues: str) -> str:
+    """The limited claim's ``gated_tenants`` and ``lim`` CTEs (see above), for the queues
+    ``queues`` (an SQL text[]): the limit rows of these queues (a queue's own only when it
+    limits something) and of the tenants they may count (a tenant's, in queue '' or in one
+    of them) that have gated jobs queued or ungated ones in ``open_scan``; looked up on
+    pgqueue_limit_scope (tenant, queue), so that the rows of tenants with nothing queued
+    cost the claim nothing."""
+    return f"""{_gated_tenants(queues)}
 lim AS MATERIALIZED (
     SELECT l.id, l.queue, l.tenant, {_limiting("l")} AS limiting,
            {_free("COALESCE(r.n, 0)")} AS free
       FROM pgqueue_limit l LEFT JOIN uncount_lock r ON r.id = l.id
-     WHERE CASE WHEN l.tenant = '' THEN l.queue {queue_match} AND {_limiting("l")}
-                ELSE l.queue = '' OR l.queue {queue_match} END
+     WHERE l.tenant = ANY(ARRAY(SELECT tenant FROM gated_tenants
+                                UNION SELECT tenant FROM open_scan UNION SELECT ''))
+       AND l.queue = ANY('{{""}}'::text[] || {queues})
+       AND (l.tenant <> '' OR {_limiting("l")})
 ),"""
 
 
@@ -377,7 +413,7 @@ def _next_gated(queue: str, room: str, *, lock: bool) -> str:
 #: _OPEN_SCAN_ONE_QUEUE): ``lim``, its queue's own row (``queue_row``, none or one),
 #: ``groups`` (tenants) and ``open_jobs`` (the scanned jobs, each told ``stale`` or not
 #: from ``groups``); see _claim.
-_LIMITED_ONE_QUEUE = f"""{_lim("= (%(queues)s::text[])[1]")}
+_LIMITED_ONE_QUEUE = f"""{_lim("ARRAY[(%(queues)s::text[])[1]]")}
 queue_row AS MATERIALIZED (
     SELECT (SELECT id FROM lim WHERE tenant = '') AS qid,
            COALESCE((SELECT free FROM lim WHERE tenant = ''), %(limit)s) AS free
@@ -385,7 +421,8 @@ queue_row AS MATERIALIZED (
 groups AS MATERIALIZED (
     SELECT l.tenant, array_remove(array_agg(l.id) || (SELECT qid FROM queue_row), NULL) AS ids,
            LEAST(min(l.free), (SELECT free FROM queue_row)) AS room,
-           bool_or(l.limiting) AS limiting
+           bool_or(l.limiting) AS limiting,
+           l.tenant = ANY(ARRAY(SELECT tenant FROM gated_tenants)) AS has_gated
       FROM lim l
      WHERE l.tenant <> ''
      GROUP BY l.tenant
@@ -430,7 +467,7 @@ open_scan AS MATERIALIZED (
 #: _LIMITED_ONE_QUEUE, with ``budget`` (each queue's own row, its rank ``ord`` in the
 #: worker's list) for ``queue_row``, (queue, tenant) pairs for tenants, and then
 #: ``gated_jobs`` and ``candidates``; see _claim.
-_LIMITED_MANY_QUEUES = f"""{_lim("= ANY(%(queues)s::text[])")}
+_LIMITED_MANY_QUEUES = f"""{_lim("%(queues)s::text[]")}
 budget AS MATERIALIZED (
     SELECT q.name, q.ord, g.id AS qid, COALESCE(g.free, %(limit)s) AS free
       FROM unnest({CLAIM_QUEUES}) WITH ORDINALITY AS q(name, ord)
@@ -439,7 +476,8 @@ budget AS MATERIALIZED (
 groups AS MATERIALIZED (
     SELECT b.name AS queue, b.ord, l.tenant,
            array_remove(array_agg(l.id) || b.qid, NULL) AS ids,
-           LEAST(min(l.free), min(b.free)) AS room, bool_or(l.limiting) AS limiting
+           LEAST(min(l.free), min(b.free)) AS room, bool_or(l.limiting) AS limiting,
+           (b.name, l.tenant) IN (SELECT queue, tenant FROM gated_tenants) AS has_gated
       FROM budget b JOIN lim l ON l.tenant <> '' AND l.queue IN ('', b.name)
      GROUP BY b.name, b.ord, b.qid, l.tenant
 ),
@@ -454,7 +492,7 @@ gated_jobs AS MATERIALIZED (
     SELECT j.id, j.priority, j.vtime, g.ord, g.ids
       FROM groups g
      CROSS JOIN LATERAL {_next_gated("g.queue", "g.room", lock=False)}
-     WHERE g.room > 0
+     WHERE g.room > 0 AND g.has_gated
 ),
 candidates AS MATERIALIZED (
     SELECT id, priority, vtime, ord, FALSE AS gated,
@@ -483,7 +521,7 @@ row_lock AS MATERIALIZED (
 #: room in the snapshot and the queue's own, locked before any gated job is read; with
 #: several, the rows the picks count in, a gated pick's once the job is locked.
 _GROUP_ROW_LOCK = _row_lock(
-    """SELECT unnest(ids) FROM groups WHERE room > 0
+    """SELECT unnest(ids) FROM groups WHERE room > 0 AND has_gated
                             UNION ALL SELECT qid FROM queue_row WHERE free > 0"""
 )
 _PICKED_ROW_LOCK = _row_lock(
@@ -501,7 +539,7 @@ gated_jobs AS MATERIALIZED (
            SELECT min(k.free) AS room, count(*) AS n FROM row_lock k WHERE k.id = ANY(g.ids)
      ) r
      CROSS JOIN LATERAL {_next_gated("(%(queues)s::text[])[1]", "r.room", lock=True)}
-     WHERE g.room > 0 AND r.n = cardinality(g.ids) AND r.room > 0
+     WHERE g.room > 0 AND g.has_gated AND r.n = cardinality(g.ids) AND r.room > 0
 ),
 final AS MATERIALIZED (
     SELECT id, ids FROM (
@@ -534,6 +572,8 @@ counted AS (
       FULL JOIN uncount_lock r ON r.id = t.lid
       LEFT JOIN row_lock k ON k.id = t.lid
      WHERE l.id = COALESCE(t.lid, r.id)
+       AND l.id = ANY(ARRAY(SELECT unnest(ids) FROM final
+                            UNION ALL SELECT id FROM uncount_lock))  -- {LIMIT_BY_ID}
        -- a row whose counter and tokens stay as they are is not written (a slot given back
        -- and taken again in one statement: the steady state of a busy capped tenant)
        AND (COALESCE(t.n, 0) <> COALESCE(r.n, 0) OR l.rate_count IS NOT NULL AND t.n > 0)
@@ -705,7 +745,7 @@ def _uncount(rows: str) -> str:
 uncounted AS (
     UPDATE pgqueue_limit l SET running = GREATEST(l.running - k.n, 0)
       FROM uncount_lock k
-     WHERE l.id = k.id
+     WHERE l.id = k.id AND l.id = ANY(ARRAY(SELECT id FROM uncount_lock))  -- {LIMIT_BY_ID}
 )"""
 
 
@@ -778,12 +818,15 @@ JOB_CLAIM_MANY_QUEUES = (
 # applies to the queues any more (in this statement's snapshot): the caller goes back to
 # JOB_CLAIM.
 # Locks: the ungated candidates, FOR UPDATE SKIP LOCKED, as JOB_CLAIM; then the limit
-#   rows of the tenants with room and the queue's own row, in id order, SKIP LOCKED
-#   (``row_lock``); then each such tenant's next gated jobs, at most its true room, SKIP
-#   LOCKED. Stale ungated jobs it meets are gated. The transaction commits at once.
-# Index: pgqueue_job_claim, one range scan, already in claim order; pgqueue_job_gated, one
-#   range scan per limited tenant with room, of at most its room; pgqueue_limit (a seq
-#   scan of the rows that apply: a small table); pgqueue_job_pkey (the picks, by id).
+#   rows of the tenants with gated jobs and room and the queue's own row, in id order,
+#   SKIP LOCKED (``row_lock``); then each such tenant's next gated jobs, at most its true
+#   room, SKIP LOCKED. Stale ungated jobs it meets are gated. The transaction commits at
+#   once.
+# Index: pgqueue_job_claim, one range scan, already in claim order; pgqueue_job_gated, a
+#   skip scan (one descent per tenant with gated jobs) and one range scan per such tenant
+#   with room, of at most its room; pgqueue_limit_scope (the rows of those tenants, of the
+#   scanned jobs' and the queue's own) and pgqueue_limit_pkey (locks and counters, by
+#   id), or seq scans while the table is small; pgqueue_job_pkey (the picks, by id).
 # Called by: claim_store.claim_once, when JOB_CLAIM (or the previous limited claim) said a
 #   limit row applies to the worker's queue.
 JOB_CLAIM_LIMITED = (

@@ -206,6 +206,39 @@ def test_a_limit_row_held_elsewhere_is_passed_over_this_once_not_waited_for(queu
     assert Limit.objects.get(tenant="a").running == 2
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("queues", [("default",), ("default", "other")])
+def test_the_limited_claim_costs_nothing_for_limited_tenants_with_nothing_queued(queues):
+    """Protection: the limited claim finds the tenants with gated jobs by a skip scan of
+    pgqueue_job_gated (``gated_tenants``) and reads, locks and probes the limit rows of
+    those only, not of every limited tenant with room. With 40 capped tenants that have no
+    job at all, a claim starts a capped tenant's jobs within its cap and an uncapped one's,
+    probes pgqueue_job_gated a handful of times (counted by pg_stat_get_xact_numscans;
+    probing every tenant with room makes 41 or more), and leaves the 40 idle rows unlocked
+    (another session locks them all, SKIP LOCKED) while it holds the capped tenant's."""
+    for n in range(40):
+        limits.set_tenant_limits(f"idle{n:02}", max_running=2)
+    limits.set_tenant_limits("a", max_running=2)
+    capped = enqueue(3, "a")
+    free = enqueue(1, "b")
+    with psycopg.connect(**connect_params("default")) as other:
+        probes = "SELECT pg_stat_get_xact_numscans('pgqueue_job_gated'::regclass)"
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(probes)  # counts pending since the last flush: take the difference
+            (before,) = cur.fetchone()
+            got = claim_store.claim_once(cur, worker="w", queues=queues, limit=10, limited=True)
+            cur.execute(probes)
+            (after,) = cur.fetchone()
+            unlocked = other.execute(
+                "SELECT tenant FROM pgqueue_limit ORDER BY id FOR UPDATE SKIP LOCKED"
+            ).fetchall()
+            other.rollback()
+        assert sorted(j.id for j in got.jobs) == sorted(capped[:2] + free)
+        assert after - before < 10
+        assert [t for (t,) in unlocked] == [f"idle{n:02}" for n in range(40)]
+    assert Limit.objects.get(tenant="a").running == 2
+
+
 def test_a_tenant_wide_cap_is_shared_by_the_queues_of_one_limited_claim():
     """A worker of two queues claims a tenant capped at 3 across both: the claim interleaves
     the queues rank by rank and starts 3 of the tenant's jobs in all, the best of each queue
