@@ -296,7 +296,8 @@ uncount_lock AS MATERIALIZED (
 # (priority first), because vtimes of different queues are not comparable. Both start:
 # - ``gated_tenants``: the (queue, tenant) pairs with gated jobs queued, by a skip scan of
 #   pgqueue_job_gated (one index descent per pair): a limited tenant with nothing queued
-#   costs the claim nothing, however many there are.
+#   costs the claim nothing, however many there are. With few tenant rows (at most
+#   SKIP_SCAN_ABOVE), every limited tenant instead, without the scan (``few_rows``).
 # - ``lim``: the limit rows that apply to these queues (a tenant's, a tenant's in one of
 #   them, a queue's own) of the tenants of ``gated_tenants`` and of the scanned ungated
 #   jobs (looked up on pgqueue_limit_scope), with their room in the snapshot (the slots
@@ -356,24 +357,54 @@ uncount_lock AS MATERIALIZED (
 # not limit (bench.limits).
 
 
+#: Up to this many tenant limit rows for a claim's queues, the limited claim takes every
+#: limited tenant as one that may have gated jobs (its probe finds out); above it, it finds
+#: those tenants by a skip scan first. The skip scan costs about one index descent per such
+#: tenant on top of its probe; reading and probing a tenant with nothing queued costs
+#: about as much: so a few rows are cheaper read whole, and many must not be.
+SKIP_SCAN_ABOVE = 16
+
+
 def _gated_tenants(queues: str) -> str:
-    """The limited claim's ``gated_tenants`` CTE (see above): the (queue, tenant) pairs of
-    ``queues`` (an SQL text[]) with a gated job queued, found by a skip scan of
+    """The limited claim's ``gated_tenants`` CTE (see above), for the queues ``queues`` (an
+    SQL text[]): the (queue, tenant) pairs that may have gated jobs queued. With at most
+    SKIP_SCAN_ABOVE tenant rows for these queues (a count that stops there), every limited
+    tenant with a row; otherwise the pairs with a gated job queued, found by a skip scan of
     pgqueue_job_gated (queue, tenant, ...): one index descent per queue and per such
-    tenant, whatever the tenant's backlog, and none for a tenant without gated jobs."""
-    gated = "status = 'queued' AND gated"
+    tenant, whatever the tenant's backlog, and none for a tenant without gated jobs. Each
+    part runs only when chosen (a one-time filter)."""
+
+    def next_tenant(queue: str, after: str) -> str:
+        return f"""(
+               SELECT tenant FROM pgqueue_job
+                WHERE queue = {queue} AND status = 'queued' AND gated{after}
+                ORDER BY tenant LIMIT 1
+         ) j"""
+
+    rows = f"""FROM pgqueue_limit l
+          WHERE l.tenant <> '' AND l.queue = ANY('{{""}}'::text[] || {queues})"""
     return f"""
+few_rows AS MATERIALIZED (
+    SELECT count(*) <= {SKIP_SCAN_ABOVE} AS yes
+      FROM (SELECT 1 {rows} LIMIT {SKIP_SCAN_ABOVE + 1}) r
+),
 gated_tenants AS MATERIALIZED (
-    WITH RECURSIVE t(queue, tenant) AS (
-        SELECT q.name, (SELECT min(tenant) FROM pgqueue_job WHERE queue = q.name AND {gated})
-          FROM unnest({queues}) AS q(name)
-        UNION ALL
-        SELECT t.queue, (SELECT min(j.tenant) FROM pgqueue_job j
-                          WHERE j.queue = t.queue AND j.{gated.replace(" AND ", " AND j.")}
-                            AND j.tenant > t.tenant)
-          FROM t WHERE t.tenant IS NOT NULL
-    )
-    SELECT queue, tenant FROM t WHERE tenant IS NOT NULL
+    SELECT q.name AS queue, l.tenant
+      FROM unnest({queues}) AS q(name)
+      JOIN pgqueue_limit l ON l.tenant <> '' AND l.queue IN ('', q.name)
+     WHERE (SELECT yes FROM few_rows)
+    UNION ALL
+    SELECT queue, tenant FROM (
+        WITH RECURSIVE t(queue, tenant) AS (
+            SELECT q.name, j.tenant
+              FROM unnest({queues}) AS q(name)
+             CROSS JOIN LATERAL {next_tenant("q.name", "")}
+            UNION ALL
+            SELECT t.queue, j.tenant
+              FROM t CROSS JOIN LATERAL {next_tenant("t.queue", " AND tenant > t.tenant")}
+        )
+        SELECT queue, tenant FROM t) s
+     WHERE NOT (SELECT yes FROM few_rows)
 ),"""
 
 
@@ -467,7 +498,7 @@ open_scan AS MATERIALIZED (
 #: _LIMITED_ONE_QUEUE, with ``budget`` (each queue's own row, its rank ``ord`` in the
 #: worker's list) for ``queue_row``, (queue, tenant) pairs for tenants, and then
 #: ``gated_jobs`` and ``candidates``; see _claim.
-_LIMITED_MANY_QUEUES = f"""{_lim("%(queues)s::text[]")}
+_LIMITED_MANY_QUEUES = f"""{_lim(CLAIM_QUEUES)}
 budget AS MATERIALIZED (
     SELECT q.name, q.ord, g.id AS qid, COALESCE(g.free, %(limit)s) AS free
       FROM unnest({CLAIM_QUEUES}) WITH ORDINALITY AS q(name, ord)
