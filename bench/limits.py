@@ -38,6 +38,7 @@ FREE = ("free0", "free1")
 TENANTS = 100
 CAPPED_TENANTS = 10
 COST_CAP = 2
+IDLE_CAPPED = 1_000  # tenants capped at COST_CAP with nothing queued (the "idle" variant)
 BACKLOG = "backlog"
 HOLD_QUEUE = "hold"
 
@@ -59,7 +60,7 @@ def _set_caps(caps: dict[str, int]) -> None:
 
 
 def _vacuum() -> None:
-    query("VACUUM ANALYZE pgqueue_job")
+    query("VACUUM ANALYZE pgqueue_job, pgqueue_limit")
 
 
 def _epochs(sql: str, params: Any = None) -> list[tuple[float, ...]]:
@@ -140,13 +141,16 @@ def _drain_rate(exclude: str | None = None) -> float:
     return done / float(seconds)
 
 
-def cost_run(capped: bool, jobs: int, processes: int = 1) -> float:
-    """jobs/s of ``jobs`` no-op jobs of TENANTS tenants, CAPPED_TENANTS of them capped at
-    COST_CAP when ``capped``, drained by one runworker --burst of concurrency 8 in all
-    (``processes`` processes of 8 / processes threads)."""
+def cost_run(variant: str, jobs: int, processes: int = 1) -> float:
+    """jobs/s of ``jobs`` no-op jobs of TENANTS tenants, drained by one runworker --burst of
+    concurrency 8 in all (``processes`` processes of 8 / processes threads). ``variant``:
+    "none" (no limit), "caps" (CAPPED_TENANTS of them capped at COST_CAP) or "idle" (the
+    same, and IDLE_CAPPED more tenants capped at COST_CAP with nothing queued)."""
     reset_tables()
     names = [f"t{i:02}" for i in range(TENANTS)]
-    if capped:
+    if variant == "idle":
+        _set_caps({f"idle{i:04}": COST_CAP for i in range(IDLE_CAPPED)})
+    if variant != "none":
         _set_caps(dict.fromkeys(names[:CAPPED_TENANTS], COST_CAP))
     _enqueue("bench.noop", dict.fromkeys(names, jobs // TENANTS))
     _vacuum()
@@ -157,21 +161,25 @@ def cost_run(capped: bool, jobs: int, processes: int = 1) -> float:
     return _drain_rate()
 
 
-def cost_pairs(pairs: int, jobs: int, processes: int = 1) -> dict[str, list[float]]:
-    """``pairs`` alternated cost runs (no limits, then caps) at ``processes``: jobs/s of each."""
+def cost_pairs(
+    pairs: int, jobs: int, processes: int = 1, variants: tuple[str, ...] = ("none", "caps")
+) -> dict[str, list[float]]:
+    """``pairs`` rounds of alternated cost runs (each of ``variants`` in turn, see cost_run)
+    at ``processes``: jobs/s of each."""
     label = "" if processes == 1 else f"{processes} processes, "
-    rates: dict[str, list[float]] = {"none": [], "caps": []}
+    rates: dict[str, list[float]] = {variant: [] for variant in variants}
     for _ in range(pairs):
-        for variant in ("none", "caps"):
-            rates[variant].append(cost_run(variant == "caps", jobs, processes))
+        for variant in variants:
+            rates[variant].append(cost_run(variant, jobs, processes))
             print(f"   cost, {label}{variant}: {rates[variant][-1]:,.0f} jobs/s", flush=True)
     return rates
 
 
-def _each_pair(rates: dict[str, list[float]]) -> str:
-    """The report's line of each pair's ratio, caps / no limits."""
-    ratios = [c / n for n, c in zip(rates["none"], rates["caps"], strict=True)]
-    return "\neach pair, caps / no limits: " + " ".join(f"{r:.2f}" for r in ratios)
+def _each_pair(rates: dict[str, list[float]], over: str = "none", of: str = "caps") -> str:
+    """The report's line of each round's ratio, ``of`` / ``over`` (caps / no limits)."""
+    ratios = [c / n for n, c in zip(rates[over], rates[of], strict=True)]
+    names = {"none": "no limits", "caps": "caps", "idle": "caps and idle capped tenants"}
+    return f"\neach round, {names[of]} / {names[over]}: " + " ".join(f"{r:.2f}" for r in ratios)
 
 
 def insert_backlog(rows: int) -> float:
@@ -323,8 +331,9 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             flush=True,
         )
 
-    rates = cost_pairs(pairs, cost_jobs)
+    rates = cost_pairs(pairs, cost_jobs, variants=("none", "caps", "idle"))
     cost_ratio = median(rates["caps"]) / median(rates["none"])
+    idle_ratio = median(rates["idle"]) / median(rates["caps"])
     # The same mix with two worker processes, whose claims meet each other's locks.
     rates2 = cost_pairs(pairs2, cost_jobs, processes=2)
     cost_ratio2 = median(rates2["caps"]) / median(rates2["none"])
@@ -368,6 +377,11 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
                 " ".join(f"{x:,.0f}" for x in rates["caps"]),
             ],
             [
+                f"the same and {IDLE_CAPPED:,} more capped, nothing queued",
+                median(rates["idle"]),
+                " ".join(f"{x:,.0f}" for x in rates["idle"]),
+            ],
+            [
                 "1 tenant at cap 1, nothing behind",
                 held_rates["empty"],
                 " ".join(f"{r['jobs_per_s']:,.0f}" for r in held["empty"]),
@@ -379,11 +393,13 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             ],
         ],
     )
-    report += _each_pair(rates)
+    report += _each_pair(rates) + _each_pair(rates, "caps", "idle")
     report += (
         f"\ncaps / no limits: {cost_ratio:.2f} (target >= 0.9: "
         f"{'met' if cost_ratio >= 0.9 else 'NOT met'}); {backlog:,}-job backlog / none: "
-        f"{backlog_ratio:.2f} (target >= 0.9: {'met' if backlog_ratio >= 0.9 else 'NOT met'})"
+        f"{backlog_ratio:.2f} (target >= 0.9: {'met' if backlog_ratio >= 0.9 else 'NOT met'}); "
+        f"{IDLE_CAPPED:,} idle capped tenants / caps alone: {idle_ratio:.2f} (target >= 0.9: "
+        f"{'met' if idle_ratio >= 0.9 else 'NOT met'})"
     )
     report += "\n\nCost with 2 processes x 4 threads (the same mix):\n" + table(
         ["case", "jobs/s (median)", "runs"],
@@ -414,8 +430,10 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         "snapshot, every 10 ms. Cost: "
         f"{cost_jobs:,} no-op jobs of {TENANTS} tenants in equal shares, one runworker --burst "
         f"--concurrency 8 per run, {CAPPED_TENANTS} tenants (10% of the jobs) capped at "
-        f"{COST_CAP} against none, {pairs} alternated pairs, medians, jobs/s = jobs / (last "
-        f"finish - first start); the same with runworker --processes 2 --concurrency 4, "
+        f"{COST_CAP} against none, and the same with {IDLE_CAPPED:,} more tenants capped at "
+        f"{COST_CAP} that have nothing queued, {pairs} alternated rounds (none, caps, idle), "
+        "medians, jobs/s = jobs / (last finish - first start); the same with runworker "
+        "--processes 2 --concurrency 4, "
         f"{pairs2} alternated pairs; backlog: {cost_jobs:,} no-op jobs of {TENANTS - 1} tenants "
         f"while one tenant capped at 1 runs a long job (a worker of another queue holds it) "
         f"with {backlog:,} gated jobs queued behind its cap (INSERT ... SELECT "
@@ -432,6 +450,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             "caps_never_exceeded": exact_ok,
             "cost_jobs_per_s": rates,
             "cost_ratio": cost_ratio,
+            "idle_capped_ratio": idle_ratio,
             "cost_jobs_per_s_2_processes": rates2,
             "cost_ratio_2_processes": cost_ratio2,
             "backlog": backlog,

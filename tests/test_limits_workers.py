@@ -8,7 +8,7 @@ import pytest
 from django.db import transaction
 
 import pgqueue
-from pgqueue import limits, services
+from pgqueue import limits, services, sql
 from pgqueue.limit_models import Limit
 from pgqueue.models import Job, JobAttempt
 from tests.workers import wait_for
@@ -41,7 +41,8 @@ WAVE_JOBS = 30
 
 
 @pytest.mark.slow
-def test_a_tenant_cap_of_3_is_never_exceeded_by_8_workers_of_16_threads(workers):
+@pytest.mark.parametrize("idle", [0, 20])
+def test_a_tenant_cap_of_3_is_never_exceeded_by_8_workers_of_16_threads(workers, idle):
     """Protection: the claim checks ``running < max_running`` on the limit row it locks
     (FOR UPDATE SKIP LOCKED, re-read at its newest version) and raises the counter in the
     same statement; every exit lowers it under the same lock. 128 handler threads of 8
@@ -60,9 +61,16 @@ def test_a_tenant_cap_of_3_is_never_exceeded_by_8_workers_of_16_threads(workers)
 
     (finished_at is its statement's start time, started_at the claim's time once it holds
     its limit rows: a claim that took a slot after waiting for, or skipping, the lock of
-    the exit that freed it shows as starting after that exit, as the counter had it.)"""
+    the exit that freed it shows as starting after that exit, as the counter had it.)
+
+    With ``idle`` more tenants capped that have nothing queued, 20 takes the claim's queue
+    past sql.SKIP_SCAN_ABOVE tenant rows: the claims then find the capped tenants by their
+    skip scan of the gated jobs, and the same must hold."""
+    for n in range(idle):
+        limits.set_tenant_limits(f"idle{n:02}", max_running=3)
     for tenant in CAPPED:
         limits.set_tenant_limits(tenant, max_running=3)
+    assert (Limit.objects.count() > sql.SKIP_SCAN_ABOVE) == bool(idle)
     fast = {"POLL_SECONDS": 0.05, "MAINTENANCE_SECONDS": 0.5}
     procs = [workers("--concurrency", "16", "--prefetch", "0", settings=fast) for _ in range(8)]
     for p in procs:
