@@ -549,8 +549,8 @@ row_lock AS MATERIALIZED (
 
 
 #: ``row_lock`` of each form (see _claim): with one queue, the rows of every group with
-#: room in the snapshot and the queue's own, locked before any gated job is read; with
-#: several, the rows the picks count in, a gated pick's once the job is locked.
+#: gated jobs and room in the snapshot and the queue's own, locked before any gated job is
+#: read; with several, the rows the picks count in, a gated pick's once the job is locked.
 _GROUP_ROW_LOCK = _row_lock(
     """SELECT unnest(ids) FROM groups WHERE room > 0 AND has_gated
                             UNION ALL SELECT qid FROM queue_row WHERE free > 0"""
