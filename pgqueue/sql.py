@@ -412,16 +412,18 @@ def _lim(queues: str) -> str:
     """The limited claim's ``gated_tenants`` and ``lim`` CTEs (see above), for the queues
     ``queues`` (an SQL text[]): the limit rows of these queues (a queue's own only when it
     limits something) and of the tenants they may count (a tenant's, in queue '' or in one
-    of them) that have gated jobs queued or ungated ones in ``open_scan``; looked up on
-    pgqueue_limit_scope (tenant, queue), so that the rows of tenants with nothing queued
+    of them) that have gated jobs queued or ungated ones in ``open_scan`` (to tell stale
+    jobs; with few rows ``gated_tenants`` has every tenant with a row already); looked up
+    on pgqueue_limit_scope (tenant, queue), so that the rows of tenants with nothing queued
     cost the claim nothing."""
     return f"""{_gated_tenants(queues)}
 lim AS MATERIALIZED (
     SELECT l.id, l.queue, l.tenant, {_limiting("l")} AS limiting,
            {_free("COALESCE(r.n, 0)")} AS free
       FROM pgqueue_limit l LEFT JOIN uncount_lock r ON r.id = l.id
-     WHERE l.tenant = ANY(ARRAY(SELECT tenant FROM gated_tenants
-                                UNION SELECT tenant FROM open_scan UNION SELECT ''))
+     WHERE l.tenant = ANY(ARRAY(SELECT tenant FROM gated_tenants UNION ALL SELECT ''
+                                UNION ALL  -- with few rows, gated_tenants has them all
+                                SELECT tenant FROM open_scan WHERE NOT (SELECT yes FROM few_rows)))
        AND l.queue = ANY('{{""}}'::text[] || {queues})
        AND (l.tenant <> '' OR {_limiting("l")})
 ),"""
