@@ -1980,18 +1980,42 @@ SELECT pg_notify(%(channel)s, q) IS NULL FROM (
 """
 
 # -- name: LIMIT_NEXT_TOKEN
-# Seconds until the next token of the rate-limited rows that apply to %(queues)s and are
-# otherwise free (not paused, under their cap); NULL when none. A worker whose claim came
-# up short sleeps no longer than this, so a rate-limited backlog starts when allowed, not
-# at the next poll. Locks: nothing. Index: none: a scan of pgqueue_limit (one row per
-# limited scope).
+# Seconds until a rate limit that holds back work of %(queues)s has its next token; NULL
+# when none does. A worker whose claim came up short sleeps no longer than this, so a
+# rate-limited backlog starts when allowed, not at the next poll. A rate-limited row
+# counts only while it holds something back: its scope has jobs queued (a tenant's row:
+# gated jobs of the tenant in these queues, or in its own queue; a queue's row: any job
+# of the queue), and neither it nor a wider row of its tenant ('' : every queue) is paused
+# or at its cap (a token would then start nothing). An idle rate-limited tenant, however
+# full or empty its bucket, wakes nobody. A bucket that holds a token already (refilled
+# since the claim, or the claim lost a race for the row) gives one token's period: a
+# look again soon, never a wait of 0, which would have the worker claim in a loop.
+# Locks: nothing.
+# Index: a scan of pgqueue_limit (one row per limited scope) for its rate-limited rows;
+#   per such row, pgqueue_limit_scope (its tenant's wider row) and pgqueue_job_gated (a
+#   tenant's queued jobs: one probe) or pgqueue_job_claim and pgqueue_job_gated (a
+#   queue's).
 # Called by: limits_store.next_token_in, from the worker runtime after a short claim.
 LIMIT_NEXT_TOKEN = f"""
-SELECT min(GREATEST(1 - {_TOKENS}, 0) * l.rate_seconds / l.rate_count)
+SELECT min(GREATEST((1 - {_TOKENS}) * l.rate_seconds / l.rate_count,
+                    l.rate_seconds::float8 / l.rate_count * ({_TOKENS} >= 1)::int))
   FROM pgqueue_limit l
- WHERE l.rate_count IS NOT NULL AND NOT l.paused
+ WHERE l.rate_count IS NOT NULL
    AND (l.queue = '' OR l.queue = ANY(%(queues)s::text[]))
-   AND (l.max_running IS NULL OR l.running < l.max_running)
+   AND NOT EXISTS (  -- paused or at its cap, or its tenant's row in every queue is
+        SELECT 1 FROM pgqueue_limit c
+         WHERE c.tenant = l.tenant AND c.queue IN ('', l.queue)
+           AND (c.paused OR c.running >= c.max_running))
+   AND CASE WHEN l.tenant = '' THEN  -- a queue's own row: any job of the queue queued
+            EXISTS (SELECT 1 FROM pgqueue_job j
+                     WHERE j.queue = l.queue AND j.status = 'queued' AND NOT j.gated)
+            OR EXISTS (SELECT 1 FROM pgqueue_job j
+                        WHERE j.queue = l.queue AND j.status = 'queued' AND j.gated)
+       ELSE EXISTS (SELECT 1 FROM pgqueue_job j  -- a tenant's: its gated jobs here
+                     WHERE j.queue = ANY(CASE WHEN l.queue = '' THEN %(queues)s::text[]
+                                              ELSE ARRAY[l.queue] END)
+                       AND j.tenant = l.tenant AND j.status = 'queued' AND j.gated)
+       END
 """
 
 # -- name: LIMIT_LOCK_ALL

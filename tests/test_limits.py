@@ -127,10 +127,52 @@ def test_a_rate_limit_spends_tokens_and_refills_them_with_time():
     assert len(claim(limit=10, now=at(10))) == 2  # never more than the burst
 
 
-def store_next_token(cur, now: dt.datetime) -> float:
+def store_next_token(cur, now: dt.datetime, queues: tuple[str, ...] = ("default",)) -> float:
     from pgqueue import limits_store
 
-    return limits_store.next_token_in(cur, ["default"], now=now)
+    return limits_store.next_token_in(cur, list(queues), now=now)
+
+
+def next_token(now: dt.datetime, queues: tuple[str, ...] = ("default",)) -> float | None:
+    with connection.cursor() as cur:
+        return store_next_token(cur, now, queues)
+
+
+def test_the_next_token_wakes_a_worker_only_for_work_a_rate_limit_holds_back():
+    """A short claim asks when the next token comes, and sleeps no longer. A rate limit
+    with nothing behind it must not answer: with its bucket full it answered 0, and an
+    idle worker claimed again every millisecond for as long as that tenant sent nothing
+    (about 1,000 claims a second). Nor may a scope held by a cap, a pause or a token it
+    already has answer 0."""
+    at = timeline()
+    limits.set_tenant_limits("r", rate_limit="20/s")  # burst 2, a token every 0.05 s
+    limits.set_queue_limits("other", rate_limit="10/s")
+    assert next_token(at(0)) is None  # nothing queued: full bucket, nobody to wake
+    enqueue(4, "r")
+    assert len(claim(limit=10, now=at(0))) == 2  # the burst
+    assert next_token(at(0.01)) == pytest.approx(0.04)  # the next token, exactly
+    assert len(claim(limit=10, now=at(0.05))) == 1
+    # A token in the bucket already (the claim lost a race, or it refilled since): look
+    # again in one token's time, never at once.
+    assert next_token(at(0.2)) == pytest.approx(0.05)
+    assert next_token(at(0.2), ("q",)) is None  # none of r's jobs is queued there
+    assert len(claim(limit=10, now=at(0.2))) == 1
+    assert next_token(at(0.21)) is None  # r has nothing queued any more: no wake
+    # Held by a cap of the tenant's, or a pause: a token would start nothing.
+    enqueue(2, "r")
+    limits.set_tenant_limits("r", max_running=4)
+    assert next_token(at(0.3)) is None
+    limits.set_tenant_limits("r", max_running=None)
+    limits.set_tenant_limits("r", queue="default", rate_limit="1/s")
+    assert next_token(at(0.3)) == pytest.approx(0.05)  # the narrower row's bucket is full
+    limits.pause_tenant("r")
+    assert next_token(at(0.3)) is None
+    limits.resume_tenant("r")
+    # A queue's own rate limit holds back every job of its queue.
+    assert next_token(at(0.3), ("other",)) is None  # nothing queued there
+    enqueue(2, "a", "other")
+    assert len(claim(limit=10, queues=("other",), now=at(0.3))) == 1  # burst 1
+    assert next_token(at(0.35), ("other",)) == pytest.approx(0.05)
 
 
 def test_a_crashed_workers_slots_come_back_with_its_leases():
