@@ -69,18 +69,24 @@ def next_token_in(
 
 
 def recount(cursor: Any) -> list[tuple[int, int, int]]:
-    """Recount every row's ``running`` under its lock: two round trips (LIMIT_LOCK_ALL,
-    then LIMIT_RECOUNT with a fresh snapshot), in the caller's transaction, which must be
-    READ COMMITTED. Returns ``(row id, was, now)`` of the rows corrected."""
-    cursor.execute(sql.LIMIT_LOCK_ALL)
+    """Recount the ``running`` of the rows whose counter drifted: found in one snapshot
+    without a lock (LIMIT_DRIFTED), then locked (LIMIT_LOCK_MANY) and recounted with a
+    fresh snapshot (LIMIT_RECOUNT); one round trip when nothing drifted. In the caller's
+    transaction, which must be READ COMMITTED. Returns ``(row id, was, now)`` of the rows
+    corrected."""
+    cursor.execute(sql.LIMIT_DRIFTED)
+    ids = [r[0] for r in cursor.fetchall()]
+    if not ids:
+        return []
+    cursor.execute(sql.LIMIT_LOCK_MANY, {"ids": ids})
     cursor.fetchall()
-    cursor.execute(sql.LIMIT_RECOUNT)
+    cursor.execute(sql.LIMIT_RECOUNT, {"ids": ids})
     return [(r[0], r[1], r[2]) for r in cursor.fetchall()]
 
 
 def delete_unused(cursor: Any) -> list[int]:
     """Delete the rows that limit nothing, count nothing and hold back no gated job
     (LIMIT_DELETE_UNUSED), so the claims of their queues go back to the plain statement.
-    In the transaction of ``recount``, after it (the rows are locked). Returns their ids."""
+    It locks only the rows it deletes. Returns their ids."""
     cursor.execute(sql.LIMIT_DELETE_UNUSED)
     return [r[0] for r in cursor.fetchall()]

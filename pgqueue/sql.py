@@ -2018,36 +2018,65 @@ SELECT min(GREATEST((1 - {_TOKENS}) * l.rate_seconds / l.rate_count,
        END
 """
 
-# -- name: LIMIT_LOCK_ALL
-# Lock every limit row, in id order (the claim's and the decrements' order), so that
-# LIMIT_RECOUNT, the next statement of the same transaction, counts with a snapshot taken
-# after every change to them has committed or is waiting on these locks.
-# Locks: every pgqueue_limit row until maintenance's transaction ends (claims skip them
-#   meanwhile; decrements wait).
-# Index: pgqueue_limit_pkey.
+# -- name: LIMIT_DRIFTED
+# The recount's first look: the limit rows whose ``running`` differs from the number of
+# running jobs counted in them (their ``limit_ids``), in this statement's one snapshot. A
+# claim moves a counter in the statement that leases the jobs, and every exit in the
+# statement that ends them, so in any one snapshot the two agree: a row listed here has
+# drifted (something bypassed pgqueue). Only these rows are then locked and recounted
+# (LIMIT_LOCK_MANY, LIMIT_RECOUNT), so that the safety net neither locks nor writes the
+# rows of a service that caps each of its tenants on every pass.
+# Locks: nothing.
+# Index: pgqueue_job_lease (the running jobs); a scan of pgqueue_limit (one row per
+#   limited scope), read only.
 # Called by: limits_store.recount, from maintenance every LIMITS_RECOUNT_SECONDS.
-LIMIT_LOCK_ALL = """
-SELECT id FROM pgqueue_limit ORDER BY id FOR UPDATE
-"""
-
-# -- name: LIMIT_RECOUNT
-# The safety net: set each limit row's ``running`` to the number of running jobs counted
-# in it, from this statement's fresh snapshot (READ COMMITTED), so a counter can never
-# drift forever. Returns the rows corrected with their old and new counts.
-# Locks: the rows (already held by LIMIT_LOCK_ALL).
-# Index: pgqueue_job_lease (the running jobs), pgqueue_limit_pkey.
-# Called by: limits_store.recount, right after LIMIT_LOCK_ALL.
-LIMIT_RECOUNT = """
+LIMIT_DRIFTED = """
 WITH counts AS (
     SELECT u.lid, count(*) AS n
       FROM pgqueue_job j CROSS JOIN LATERAL unnest(j.limit_ids) AS u(lid)
      WHERE j.status = 'running'
      GROUP BY u.lid
+)
+SELECT l.id
+  FROM pgqueue_limit l LEFT JOIN counts c ON c.lid = l.id
+ WHERE l.running <> COALESCE(c.n, 0)
+ ORDER BY l.id
+"""
+
+# -- name: LIMIT_LOCK_MANY
+# Lock the limit rows %(ids)s, in id order (the claims' and the decrements' order), so
+# that LIMIT_RECOUNT, the next statement of the same transaction, counts with a snapshot
+# taken after every change to them has committed or is waiting on these locks.
+# Locks: those rows until maintenance's transaction ends (claims skip them meanwhile;
+#   decrements wait).
+# Index: pgqueue_limit_pkey.
+# Called by: limits_store.recount, when LIMIT_DRIFTED found rows.
+LIMIT_LOCK_MANY = f"""
+SELECT id FROM pgqueue_limit
+ WHERE id = ANY(%(ids)s::bigint[])  -- {LIMIT_BY_ID}
+ ORDER BY id FOR UPDATE
+"""
+
+# -- name: LIMIT_RECOUNT
+# The safety net: set each of the limit rows %(ids)s (locked by LIMIT_LOCK_MANY) to the
+# number of running jobs counted in it, from this statement's fresh snapshot (READ
+# COMMITTED), so a counter can never drift forever. Returns the rows corrected with their
+# old and new counts.
+# Locks: the rows (already held).
+# Index: pgqueue_job_lease (the running jobs), pgqueue_limit_pkey.
+# Called by: limits_store.recount, right after LIMIT_LOCK_MANY.
+LIMIT_RECOUNT = f"""
+WITH counts AS (
+    SELECT u.lid, count(*) AS n
+      FROM pgqueue_job j CROSS JOIN LATERAL unnest(j.limit_ids) AS u(lid)
+     WHERE j.status = 'running' AND j.limit_ids && %(ids)s::bigint[]
+     GROUP BY u.lid
 ),
 fixed AS (
     SELECT l.id, l.running AS was, COALESCE(c.n, 0) AS now
       FROM pgqueue_limit l LEFT JOIN counts c ON c.lid = l.id
-     WHERE l.running <> COALESCE(c.n, 0)
+     WHERE l.id = ANY(%(ids)s::bigint[])  -- {LIMIT_BY_ID}
+       AND l.running <> COALESCE(c.n, 0)
 )
 UPDATE pgqueue_limit l SET running = f.now FROM fixed f WHERE l.id = f.id
 RETURNING l.id, f.was, f.now
@@ -2058,13 +2087,17 @@ RETURNING l.id, f.was, f.now
 # running job counted in them, and (a tenant's row) no gated job of their scope left. Once
 # no row applies to a worker's queues its claims are plain again (JOB_CLAIM, the fast path).
 # Returns the ids deleted.
-# Locks: the rows, already held by LIMIT_LOCK_ALL in maintenance's transaction and
-#   re-checked on their newest versions: a claim that would count in one skips it meanwhile
-#   (SKIP LOCKED), an exit's decrement waits (and then finds nothing to give back: the row
-#   counted none), a LIMIT_SET upsert waits and then inserts the scope's row afresh.
-# Index: pgqueue_limit_pkey; pgqueue_job_gated per unlimited tenant row (its queue a range
-#   scan; a tenant-wide row reads the index's tenant column across queues).
-# Called by: limits_store.delete_unused, from maintenance right after LIMIT_RECOUNT.
+# Locks: only the rows it deletes, each re-checked on its newest version once locked
+#   (READ COMMITTED): a claim that counted a job in one meanwhile, or a LIMIT_SET that made
+#   it limit something again, committed first, leaves it in place; a claim that would
+#   count in one it holds skips it (SKIP LOCKED); an exit's decrement waits (and then finds
+#   nothing to give back: the row counted none); a LIMIT_SET upsert waits and then inserts
+#   the scope's row afresh. No new gated job of a row's scope appears while the row limits
+#   nothing (an enqueue gates a job only under a row that limits something).
+# Index: a scan of pgqueue_limit (one row per limited scope); pgqueue_job_gated per row
+#   that limits nothing (its queue a range scan; a tenant-wide row reads the index's
+#   tenant column across queues).
+# Called by: limits_store.delete_unused, from maintenance right after the recount.
 LIMIT_DELETE_UNUSED = f"""
 DELETE FROM pgqueue_limit l
  WHERE NOT {_limiting("l")} AND l.running = 0

@@ -121,6 +121,40 @@ def test_maintenance_deletes_the_rows_left_with_nothing_to_do():
     assert not got.switch
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_recount_locks_and_writes_only_the_rows_that_drifted():
+    """Protection: the recount finds drifted counters in one snapshot without a lock
+    (LIMIT_DRIFTED) and locks and recounts only those. Locking every row first, as it once
+    did, held each capped tenant's row for the pass (a claim skips a locked row: none of
+    that tenant's jobs start meanwhile) and wrote a lock on every row of a service that
+    caps each of its tenants, every pass. Here, while the recount's transaction is still
+    open, another session can lock every row but the drifted one, and only that one has a
+    new row version."""
+    for n in range(20):
+        limits.set_tenant_limits(f"t{n:02}", max_running=2)
+        enqueue(3, f"t{n:02}")
+    assert len(once(True, limit=100).jobs) == 40
+    Limit.objects.filter(tenant="t07").update(running=5)  # as if an exit had been lost
+    versions = "SELECT tenant, xmin::text FROM pgqueue_limit ORDER BY tenant"
+    with connection.cursor() as cur:
+        cur.execute(versions)
+        before = dict(cur.fetchall())
+    with psycopg.connect(**connect_params("default")) as other:
+        with transaction.atomic(), connection.cursor() as cur:
+            fixed = recount_limits(cur, force=True)
+            unlocked = other.execute(
+                "SELECT tenant FROM pgqueue_limit ORDER BY tenant FOR UPDATE SKIP LOCKED"
+            ).fetchall()
+            other.rollback()
+        assert [(was, now) for _, was, now in fixed] == [(5, 2)]
+        assert [t for (t,) in unlocked] == [f"t{n:02}" for n in range(20) if n != 7]
+    with connection.cursor() as cur:
+        cur.execute(versions)
+        after = dict(cur.fetchall())
+    assert [t for t in after if after[t] != before[t]] == ["t07"]
+    assert set(Limit.objects.values_list("running", flat=True)) == {2}
+
+
 def test_maintenance_keeps_an_unlimited_row_whose_scope_still_has_gated_jobs():
     limits.set_tenant_limits("a", max_running=1)
     ids = enqueue(2, "a")

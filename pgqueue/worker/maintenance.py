@@ -110,11 +110,12 @@ _last_recount = float("-inf")
 
 
 def recount_limits(cur: Any, *, force: bool = False) -> list[tuple[int, int, int]]:
-    """Every LIMITS_RECOUNT_SECONDS: recount each limit row's ``running`` under its lock
-    with a fresh snapshot, so a counter can never drift for ever (the claim and every exit
-    from running keep it exact; a job lost some other way, a row deleted by hand, would
-    not). Logs each correction at WARNING: one means something bypassed pgqueue. Then
-    deletes the rows that limit nothing any more and hold nothing back."""
+    """Every LIMITS_RECOUNT_SECONDS: recount the ``running`` of each limit row whose counter
+    disagrees with its running jobs, under its lock with a fresh snapshot, so a counter
+    can never drift for ever (the claim and every exit from running keep it exact; a job
+    lost some other way, a row deleted by hand, would not). The rows that agree are read,
+    never locked or written. Logs each correction at WARNING: one means something bypassed
+    pgqueue. Then deletes the rows that limit nothing any more and hold nothing back."""
     global _last_recount
     now = time.monotonic()
     if not force and now - _last_recount < float(pgqueue_settings.LIMITS_RECOUNT_SECONDS):
@@ -123,8 +124,8 @@ def recount_limits(cur: Any, *, force: bool = False) -> list[tuple[int, int, int
     fixed = limits_store.recount(cur)
     for row_id, was, count in fixed:
         logger.warning("event=limit_recounted limit=%d was=%d now=%d", row_id, was, count)
-    # Rows left limiting nothing go (under the locks just taken): the claims of queues no
-    # row applies to any more are plain again.
+    # Rows left limiting nothing go (each locked and re-checked as it is deleted): the
+    # claims of queues no row applies to any more are plain again.
     for row_id in limits_store.delete_unused(cur):
         logger.info("event=limit_row_deleted limit=%d reason=unused", row_id)
     return fixed
