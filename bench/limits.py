@@ -10,6 +10,9 @@
   per run; with 10 of the tenants capped at 2 (their jobs 10% of all: 20 capped slots for
   8 threads, so the caps are never the bottleneck) against no limit at all, alternated
   (none, caps, none, caps, ...), medians; jobs/s = jobs / (last finish - first start).
+  The same difference measured where the burst's noise cannot reach it: a worker's
+  steady-state turn statement (record 40 successes and claim 40) on one fixed state,
+  plain and limited interleaved run by run, rolled back each time (statement_cost).
   Then a huge backlog: one tenant at its cap (cap 1, its one running job a long sleep held
   by a worker of another queue) with N jobs queued behind the cap (one INSERT ... SELECT
   generate_series, gated), while 99 tenants' no-op jobs drain, against the same with
@@ -182,6 +185,62 @@ def _each_pair(rates: dict[str, list[float]], over: str = "none", of: str = "cap
     return f"\neach round, {names[of]} / {names[over]}: " + " ".join(f"{r:.2f}" for r in ratios)
 
 
+def statement_cost(runs: int, jobs: int = 40) -> dict[str, float]:
+    """Median µs of a worker's steady-state turn statement (record ``jobs`` successes and
+    claim ``jobs``, one statement), plain and limited, on one fixed state: each run rolled
+    back, the two interleaved run by run, so that the machine's drift, which moves the
+    burst's jobs/s by a third from one minute to the next here, falls on both alike.
+    Queue OTHER has no limit (the plain statement); queue 'default' has the cost mix, 10 of
+    its 100 tenants capped at 2 (as (queue, tenant) caps, so that OTHER stays plain), both
+    after 60 committed turns of one worker each (capped and uncapped jobs running, and
+    given back by the statement, as in a drain)."""
+    import statistics
+
+    import psycopg
+
+    import pgqueue
+    from pgqueue import claim_store, limits
+    from pgqueue.worker.claiming import Claims
+    from pgqueue.worker.connection import connect_params
+
+    other = "other"
+    reset_tables()
+    names = [f"t{i:02}" for i in range(TENANTS)]
+    for tenant in names[:CAPPED_TENANTS]:
+        limits.set_tenant_limits(tenant, queue="default", max_running=COST_CAP)
+    for queue in ("default", other):
+        for tenant in names:
+            pgqueue.enqueue_many("bench.noop", [None] * 200, tenant=tenant, queue=queue)
+    _vacuum()
+    with psycopg.connect(**connect_params("default"), autocommit=True) as conn:
+        statements = {}
+        for name, queue in (("plain", other), ("limited", "default")):
+            claims = Claims(f"cost-{queue}", [queue], 60.0)
+            held: list[Any] = []
+            with conn.cursor() as cur:
+                for _ in range(61):
+                    _, held = claims.claim(cur, jobs, [(j.id, j.attempt, None) for j in held])
+            assert claims.limited == (name == "limited") and len(held) == jobs
+            params = {"queues": [queue], "limit": jobs, "worker": f"cost-{queue}"}
+            params.update(lease=60.0, now=None)
+            params.update(claim_store.complete_params([(j.id, j.attempt, None) for j in held]))
+            text, order = claim_store._positional(
+                claim_store._statement(True, name == "limited", False, jobs)
+            )
+            statements[name] = (text, [params[key] for key in order])
+        raw = psycopg.RawCursor(conn)
+        times: dict[str, list[float]] = {name: [] for name in statements}
+        for _ in range(runs):
+            for name, (text, args) in statements.items():
+                conn.pgconn.exec_(b"BEGIN")  # not conn.execute: a rollback through psycopg
+                started = time.perf_counter()  # forgets the prepared statements
+                raw.execute(text, args, prepare=True)
+                raw.fetchall()
+                times[name].append(time.perf_counter() - started)
+                conn.pgconn.exec_(b"ROLLBACK")
+    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
+
+
 def insert_backlog(rows: int) -> float:
     """``rows`` queued, gated no-op jobs of BACKLOG in the default queue, in claim order, by
     one INSERT ... SELECT; seconds taken (VACUUM ANALYZE included)."""
@@ -315,6 +374,7 @@ def chart(r: dict[str, Any], path: Path) -> None:
 def run(quick: bool, out_dir: Path) -> dict[str, Any]:
     exact_jobs, exact_runs = (300, 2) if quick else (2_000, 3)
     cost_jobs, pairs = (5_000, 2) if quick else (20_000, 5)
+    statement_runs = 200 if quick else 1_000
     pairs2 = 1 if quick else 5
     backlog = 50_000 if quick else 1_000_000
     rate_count, rate_jobs, rate_s = (20, 500, 5.0) if quick else (50, 5_000, 10.0)
@@ -333,6 +393,10 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
 
     rates = cost_pairs(pairs, cost_jobs, variants=("none", "caps", "idle"))
     cost_ratio = median(rates["caps"]) / median(rates["none"])
+    turn = statement_cost(statement_runs)
+    extra_per_job = (turn["limited"] - turn["plain"]) / 40 / 1e6  # seconds
+    predicted = 1 / (1 + median(rates["none"]) * extra_per_job)
+    print(f"   turn statement: plain {turn['plain']:,.0f} us, limited {turn['limited']:,.0f} us")
     idle_ratio = median(rates["idle"]) / median(rates["caps"])
     # The same mix with two worker processes, whose claims meet each other's locks.
     rates2 = cost_pairs(pairs2, cost_jobs, processes=2)
@@ -401,6 +465,16 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         f"{IDLE_CAPPED:,} idle capped tenants / caps alone: {idle_ratio:.2f} (target >= 0.9: "
         f"{'met' if idle_ratio >= 0.9 else 'NOT met'})"
     )
+    report += (
+        f"\nthe turn statement alone (record 40 successes and claim 40, fixed state, "
+        f"{statement_runs:,} interleaved runs, medians): plain {turn['plain']:,.0f} us, "
+        f"limited {turn['limited']:,.0f} us (+{turn['limited'] - turn['plain']:,.0f} us, "
+        f"{turn['limited'] / turn['plain'] - 1:+.0%}); that difference alone, "
+        f"{extra_per_job * 1e6:.1f} us per job on the loop of a worker that drains "
+        f"{median(rates['none']):,.0f} jobs/s without limits, predicts caps / no limits = "
+        f"{predicted:.2f} (target >= 0.9: {'met' if predicted >= 0.9 else 'NOT met'} by this "
+        "measure)"
+    )
     report += "\n\nCost with 2 processes x 4 threads (the same mix):\n" + table(
         ["case", "jobs/s (median)", "runs"],
         [
@@ -432,7 +506,10 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         f"--concurrency 8 per run, {CAPPED_TENANTS} tenants (10% of the jobs) capped at "
         f"{COST_CAP} against none, and the same with {IDLE_CAPPED:,} more tenants capped at "
         f"{COST_CAP} that have nothing queued, {pairs} alternated rounds (none, caps, idle), "
-        "medians, jobs/s = jobs / (last finish - first start); the same with runworker "
+        "medians, jobs/s = jobs / (last finish - first start); the turn statement: a "
+        "worker's steady-state statement (record 40 successes, claim 40) on one fixed state "
+        f"of the same mix after 60 turns, prepared, rolled back each time, plain and "
+        f"limited interleaved, {statement_runs:,} runs each, medians; the same with runworker "
         "--processes 2 --concurrency 4, "
         f"{pairs2} alternated pairs; backlog: {cost_jobs:,} no-op jobs of {TENANTS - 1} tenants "
         f"while one tenant capped at 1 runs a long job (a worker of another queue holds it) "
@@ -450,6 +527,8 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             "caps_never_exceeded": exact_ok,
             "cost_jobs_per_s": rates,
             "cost_ratio": cost_ratio,
+            "turn_statement_us": turn,
+            "cost_ratio_predicted_from_statement": predicted,
             "idle_capped_ratio": idle_ratio,
             "cost_jobs_per_s_2_processes": rates2,
             "cost_ratio_2_processes": cost_ratio2,
