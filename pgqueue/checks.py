@@ -196,6 +196,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("UNKNOWN_TASK_DELAY_SECONDS", 0, False),
         ("MAX_TIMEOUT_SECONDS", 1, False),
         ("LIMITS_RECOUNT_SECONDS", 0.01, False),
+        ("LIMITS_CLAIM_SECONDS", 0, False),
         ("LIMITS_GATE_BATCH", 1, True),
         ("METRICS_LIMIT_SERIES", 1, True),
     ]:

@@ -71,10 +71,18 @@ def complete_params(results: Sequence[tuple[int, int, str | None]]) -> dict[str,
 
 
 @functools.lru_cache(maxsize=512)
-def _statement(fused: bool, limited: bool, many: bool, limit: int) -> str:
+def _statement(fused: bool, limited: bool, many: bool, limit: int, open_: bool = False) -> str:
     """The claim statement to run, its LIMITs written as ``limit`` (sql.claim_limit): one
-    statement text per number of jobs asked for, each prepared once by the connection."""
-    if limited and many:
+    statement text per number of jobs asked for, each prepared once by the connection.
+    ``open_``: the open claim (JOB_CLAIM_OPEN), whatever ``limited`` says."""
+    if open_:
+        statement = {
+            (True, True): sql.JOB_COMPLETE_AND_CLAIM_OPEN_MANY_QUEUES,
+            (True, False): sql.JOB_COMPLETE_AND_CLAIM_OPEN,
+            (False, True): sql.JOB_CLAIM_OPEN_MANY_QUEUES,
+            (False, False): sql.JOB_CLAIM_OPEN,
+        }[fused, many]
+    elif limited and many:
         statement = (
             sql.JOB_COMPLETE_AND_CLAIM_LIMITED_MANY_QUEUES
             if fused
@@ -127,10 +135,11 @@ def claim_once(
     results: Sequence[tuple[int, int, str | None]] = (),
     lease_seconds: float | None = None,
     now: dt.datetime | None = None,
+    open_: bool = False,
 ) -> Claim:
-    """One claim statement, plain or ``limited``, recording ``results`` (successes) in it
-    too when there are any: one round trip. The lease runs from ``now`` (default: the
-    transaction's time), which tests inject."""
+    """One claim statement, plain or ``limited`` (or open, ``open_``: JOB_CLAIM_OPEN),
+    recording ``results`` (successes) in it too when there are any: one round trip. The
+    lease runs from ``now`` (default: the transaction's time), which tests inject."""
     params: dict[str, Any] = {
         "queues": list(queues),
         "limit": limit,
@@ -141,7 +150,7 @@ def claim_once(
     fused = bool(results)
     if fused:
         params.update(complete_params(results))
-    rows = _execute(cursor, _statement(fused, limited, len(queues) > 1, limit), params)
+    rows = _execute(cursor, _statement(fused, limited, len(queues) > 1, limit, open_), params)
     jobs: list[ClaimedJob] = []
     recorded: set[int] = set()
     switch = False

@@ -127,9 +127,15 @@ DEFAULTS: dict[str, Any] = {
     # {"truncated": true, "bytes": N, "url": ...}; GET /jobs/<id> returns it whole.
     "API_FIELD_BYTES": 16 * 1024,
     # Seconds between maintenance's recounts of the limit rows' running counters (a
-    # safety net: the claim and every exit from running keep them exact; a recount locks
-    # every limit row for a moment).
+    # safety net: the claim and every exit from running keep them exact; a recount reads
+    # every limit row and locks only those whose counter drifted).
     "LIMITS_RECOUNT_SECONDS": 60.0,
+    # While limits apply to its queues, the longest a worker goes between two limited
+    # claims when its turns come faster than that (short jobs): the turns in between claim
+    # only jobs of tenants with no limit row, at the plain claim's cost, so limited
+    # tenants' jobs may start, and their slots free, up to this much later. 0: every claim
+    # is limited (worker/claiming.py).
+    "LIMITS_CLAIM_SECONDS": 0.02,
     # Most queued jobs one limit change gates or ungates at once (the claim deals with any
     # beyond, each once).
     "LIMITS_GATE_BATCH": 10_000,

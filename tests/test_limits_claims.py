@@ -370,3 +370,114 @@ def test_the_fused_limited_claim_locks_the_jobs_it_scans_before_it_records_any(q
     got = outcome["claim"]
     assert got.recorded == {held.id}
     assert sorted(j.id for j in got.jobs) == sorted(queued)
+
+
+@pytest.mark.parametrize("queues", [("default",), ("default", "x")])
+def test_the_open_claim_starts_only_jobs_of_tenants_without_a_limit_row(queues):
+    """The open claim (JOB_CLAIM_OPEN) runs between limited claims at the plain claim's
+    cost: it may start only jobs that count in no row. A capped tenant's gated jobs are
+    outside its index; its stale ungated job, and the jobs of a tenant whose row is for
+    that queue (even one that limits nothing), must be passed over, unlocked; a tenant
+    limited only in another queue is free here. A queue's own row counts every job of
+    its queue: then the open claim claims nothing and says so."""
+    limits.set_tenant_limits("capped", max_running=2)
+    limits.set_tenant_limits("narrow", queue="default", rate_limit="100/s")
+    limits.set_tenant_limits("elsewhere", queue="x", max_running=1)
+    Limit.objects.create(queue="default", tenant="norow")  # limits nothing, still a row
+    gated = enqueue(2, "capped")
+    stale = enqueue(1, "capped")
+    Job.objects.filter(id__in=stale).update(gated=False)  # queued in a race with the limit
+    held_back = enqueue(1, "narrow") + enqueue(1, "norow")
+    Job.objects.filter(id__in=held_back).update(gated=False)
+    free = enqueue(2, "free") + enqueue(1, "elsewhere")
+    x_jobs = enqueue(1, "elsewhere", "x") + enqueue(1, "free", "x")
+    counters = dict(Limit.objects.values_list("id", "running"))
+    got = claim_store.claim_once(
+        connection.cursor(), worker="w", queues=queues, limit=10, limited=False, open_=True
+    )
+    expected = free + (x_jobs[1:] if len(queues) > 1 else [])
+    assert sorted(j.id for j in got.jobs) == sorted(expected)
+    assert not got.switch and all(j.limit_ids is None for j in got.jobs)
+    assert Job.objects.filter(id__in=gated + stale + held_back, status="queued").count() == 5
+    assert dict(Limit.objects.values_list("id", "running")) == counters
+    limits.set_queue_limits("default", max_running=10)
+    enqueue(1, "free")
+    again = claim_store.claim_once(
+        connection.cursor(), worker="w", queues=queues, limit=10, limited=False, open_=True
+    )
+    assert again.switch and again.jobs == []
+
+
+def test_open_turns_run_between_limited_claims_and_keep_counted_successes_for_them():
+    """While limited claims run less than ``limited_every`` apart, the turns between them
+    claim open: uncapped jobs only, and a capped job's success is kept back, its slot
+    still counted. An open claim that comes up short is followed by the limited claim in
+    the same turn, which records what was kept, frees its slot and fills it, and open
+    turns pause. The counter is exact at every step."""
+    clock = [0.0]
+    claims = Claims("w", ["default"], 60.0, limited_every=1.0, clock=lambda: clock[0])
+    limits.set_tenant_limits("capped", max_running=1)
+    capped = enqueue(3, "capped")
+    enqueue(4, "free")
+    assert not claims.open_turn()
+    with connection.cursor() as cur:
+        _, first = claims.claim(cur, 4)  # plain, which switches to limited at once
+    assert claims.limited and [j.id for j in first if j.tenant == "capped"] == capped[:1]
+    done = {j.tenant: (j.id, j.attempt, None) for j in first}
+    frees = [(j.id, j.attempt, None) for j in first if j.tenant == "free"]
+    clock[0] = 0.5
+    assert claims.open_turn()
+    with connection.cursor() as cur:
+        recorded, got, counted_too = claims.claim_open(cur, 1, frees, [done["capped"]])
+    assert not counted_too and recorded == {f[0] for f in frees}
+    assert [j.tenant for j in got] == ["free"]
+    assert Job.objects.get(id=capped[0]).status == "running"  # kept back, still counted
+    assert running_counter("capped") == 1
+    clock[0] = 0.6
+    with connection.cursor() as cur:
+        recorded, got, counted_too = claims.claim_open(cur, 3, [], [done["capped"]])
+    assert counted_too and recorded == {capped[0]}
+    assert [j.id for j in got if j.tenant == "capped"] == capped[1:2]  # the slot, refilled
+    assert running_counter("capped") == 1
+    assert not claims.open_turn()  # paused after a short open claim
+    clock[0] = 1.7
+    assert not claims.open_turn()  # and the limited claim is due again anyway
+
+
+def running_counter(tenant: str) -> int:
+    return Limit.objects.get(queue="", tenant=tenant).running
+
+
+def test_the_open_claim_reads_the_claim_index_in_order_past_many_limit_rows():
+    """Protection: the open claim's check that a job's tenant has no limit row is a scalar
+    subquery, run per job scanned (sql._no_tenant_row). Written as NOT EXISTS, PostgreSQL
+    turned it into an anti-join, and with a thousand tenant rows the generic plan the
+    worker keeps (a prepared statement, after five runs) scanned and sorted every queued
+    job on each claim. Counted in the rows pgqueue_job hands out for the claim's seventh
+    run: a few dozen, not the whole queue."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO pgqueue_limit (queue, tenant, max_running, running, paused, tokens)"
+            " SELECT '', 'idle' || g, 2, 0, FALSE, 0 FROM generate_series(1, 1000) g"
+        )
+    for n in range(4):
+        pgqueue.enqueue_many("test.noop", [{}] * 500, tenant=f"free{n}")
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE pgqueue_job")
+        cur.execute("ANALYZE pgqueue_limit")
+    text, order = claim_store._positional(claim_store._statement(False, False, False, 10, True))
+    params = {"queues": ["default"], "limit": 10, "worker": "w", "lease": 60.0, "now": None}
+    read = (
+        "SELECT pg_stat_get_xact_tuples_returned('pgqueue_job'::regclass)"
+        " + pg_stat_get_xact_tuples_fetched('pgqueue_job'::regclass)"
+    )
+    connection.ensure_connection()
+    with psycopg.RawCursor(connection.connection) as raw:
+        for _ in range(7):
+            raw.execute(read)
+            (before,) = raw.fetchone()
+            raw.execute(text, [params[name] for name in order], prepare=True)
+            assert len(raw.fetchall()) == 10
+            raw.execute(read)
+            (after,) = raw.fetchone()
+    assert after - before < 200

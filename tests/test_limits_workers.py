@@ -177,3 +177,27 @@ def test_a_timed_out_job_of_a_capped_tenant_frees_its_slot(workers, tmp_path):
     row = Job.objects.get(id=stuck.id)
     assert (row.status, row.last_error) == ("dead", "timed out after 0.5 s")
     wait_for(lambda: Limit.objects.get(tenant="t").running == 0, 10, "the count back to 0")
+
+
+def test_a_burst_with_open_turns_drains_capped_and_uncapped_jobs_within_the_cap(workers):
+    """With LIMITS_CLAIM_SECONDS long, nearly every turn of a worker running no-op jobs is
+    an open one (uncapped jobs only; capped jobs' successes kept back); the capped
+    tenant's jobs start in the limited claims between, or right after an open claim comes
+    up short. A burst must still run every job, within the cap, without waiting for a
+    poll once only capped jobs are left, and leave the counter at 0."""
+    limits.set_tenant_limits("capped", max_running=2)
+    capped = pgqueue.enqueue_many("test.noop", [{}] * 60, tenant="capped")
+    free = pgqueue.enqueue_many("test.noop", [{}] * 300, tenant="free")
+    w = workers(
+        "--burst",
+        "--concurrency",
+        "8",
+        settings={"LIMITS_CLAIM_SECONDS": 1.0, "POLL_SECONDS": 30, "MAINTENANCE_SECONDS": 30},
+    )
+    assert w.wait_exit(60) == 0
+    assert all_done(capped) and all_done(free)
+    spans = list(
+        JobAttempt.objects.filter(job_id__in=capped).values_list("started_at", "finished_at")
+    )
+    assert len(spans) == 60 and max_overlap(spans) <= 2
+    assert Limit.objects.get(tenant="capped").running == 0

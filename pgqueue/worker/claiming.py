@@ -7,23 +7,49 @@ starts plain; a plain claim that finds a limit row claims nothing and the limite
 follows at once, in the same turn; a limited claim that finds none sends the next turn
 back to the plain one. No cache is kept of what the tables hold: a plain claim is always
 one whose snapshot had no limit row, exactly a claim from before the limit was set.
+
+While its claims are limited, a worker whose turns come faster than
+``PGQUEUE["LIMITS_CLAIM_SECONDS"]`` (short jobs) runs the limited claim at most that often:
+the turns in between run the open claim (JOB_CLAIM_OPEN), which costs what the plain one
+does and starts only jobs of tenants with no limit row, and keep the successes of jobs
+counted in limit rows for the next limited claim. The limited claim's fixed work (its
+limit rows, probes and counters, about a third of a no-op turn) is then paid once per
+period instead of once per turn, and limited tenants' jobs start, and their slots free,
+up to that much later. An open claim that comes up short (what is left may be limited
+work) or finds a queue's own row is followed at once, in the same turn, by the limited
+claim, and no open claim is tried for OPEN_PAUSE seconds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 
 from .. import limits_store
 from ..claim_store import ClaimedJob, claim_once
+from ..conf import pgqueue_settings
+
+Successes = Sequence[tuple[int, int, str | None]]
 
 
 class Claims:
     """The claims of one worker (on its loop's thread)."""
 
-    def __init__(self, worker: str, queues: Sequence[str], lease: float) -> None:
+    #: Seconds without an open claim after one came up short or found a queue's own row.
+    OPEN_PAUSE = 1.0
+
+    def __init__(
+        self,
+        worker: str,
+        queues: Sequence[str],
+        lease: float,
+        *,
+        limited_every: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.worker = worker
         self.queues = list(queues)
         self.lease = lease
@@ -31,14 +57,54 @@ class Claims:
         self.limited = False
         #: Seconds to a rate-limited scope's next token (None: none, or not limited).
         self.token_wait: float | None = None
+        #: PGQUEUE["LIMITS_CLAIM_SECONDS"]: the longest time between two limited claims
+        #: while open ones run between them (0: every claim limited).
+        self.limited_every = float(
+            pgqueue_settings.LIMITS_CLAIM_SECONDS if limited_every is None else limited_every
+        )
+        self.clock = clock
+        self._limited_at = float("-inf")  # the last limited claim (clock())
+        self._open_after = float("-inf")  # no open claim before this (clock())
+
+    def open_turn(self) -> bool:
+        """Whether this turn claims open: the claims are limited, the last limited claim
+        ran less than ``limited_every`` ago, and open claims are not paused."""
+        now = self.clock()
+        return (
+            self.limited and now - self._limited_at < self.limited_every and now >= self._open_after
+        )
+
+    def claim_open(
+        self, cur: Any, want: int, successes: Successes, counted: Successes
+    ) -> tuple[set[int], list[ClaimedJob], bool]:
+        """Claim up to ``want`` jobs with the open claim, recording ``successes`` (none
+        counted in a limit row) in the same statement; when it comes up short or finds a
+        queue's own row, the limited claim follows at once for the rest, recording the
+        ``counted`` successes too. Otherwise those wait for a later turn.
+
+        Returns the ids recorded, the jobs claimed and whether ``counted`` was submitted.
+        """
+        args = {"worker": self.worker, "queues": self.queues, "lease_seconds": self.lease}
+        with psycopg.RawCursor(cur.connection) as raw:
+            first = claim_once(
+                raw, limit=want, limited=False, results=successes, open_=True, **args
+            )
+        if not first.switch and len(first.jobs) >= want:
+            return first.recorded, first.jobs, False
+        self._open_after = self.clock() + self.OPEN_PAUSE
+        recorded, jobs = self.claim(cur, want - len(first.jobs), counted)
+        return first.recorded | recorded, first.jobs + jobs, True
 
     def claim(
-        self, cur: Any, want: int, successes: Sequence[tuple[int, int, str | None]] = ()
+        self, cur: Any, want: int, successes: Successes = ()
     ) -> tuple[set[int], list[ClaimedJob]]:
         """Claim up to ``want`` jobs, recording ``successes`` in the same statement.
 
         Returns the ids recorded (the others were fenced out) and the jobs claimed.
         """
+        now = self.clock()
+        if self.limited:
+            self._limited_at = now
         args = {"worker": self.worker, "queues": self.queues, "lease_seconds": self.lease}
         # The claim statements in their positional form: not parsed again on each turn.
         with psycopg.RawCursor(cur.connection) as raw:
@@ -48,6 +114,7 @@ class Claims:
             self.limited = not self.limited
             if not self.limited:  # it claimed as usual; the next turn claims plain
                 return first.recorded, first.jobs
+            self._limited_at = now
             second = claim_once(raw, limit=want, limited=True, **args)
         if second.switch:  # the limits went away between the two statements
             self.limited = False

@@ -220,9 +220,16 @@ class WorkerLoop:
         # (one round trip, one commit). A failure is written by a statement of its own; then
         # the outcomes are written first and the claim follows, in one transaction.
         # A job counted in limit rows gives them back in the limited claim (a net change of
-        # each row's counter) or, while the claims are plain, in JOB_COMPLETE_MANY.
+        # each row's counter) or, while the claims are plain, in JOB_COMPLETE_MANY. An open
+        # turn (see worker/claiming.py) records the others and keeps those for later: for
+        # the limited claim that follows it when it comes up short, or for a later turn.
         limited = any(o.ctx.id in self.limited for o in self.pending)
         fused = bool(want) and not failures and (self.claims.limited or not limited)
+        open_turn = fused and self.claims.open_turn()
+        submitted, kept = self.pending, []
+        if open_turn:
+            submitted = [o for o in self.pending if o.ctx.id not in self.limited]
+            kept = [o for o in self.pending if o.ctx.id in self.limited]
         recorded: set[int] = set()
         claimed: list[store.ClaimedJob] = []
         atomic = contextlib.nullcontext() if fused else self.db.transaction()
@@ -230,11 +237,20 @@ class WorkerLoop:
             with atomic, self.db.cursor() as cur:
                 if not fused:
                     recorded = self.recorder.record(cur, self.pending)
-                if want:
+                if open_turn:
+                    counted = [s for s in successes if s[0] in self.limited]
+                    opened = [s for s in successes if s[0] not in self.limited]
+                    recorded_too, claimed, counted_too = self.claims.claim_open(
+                        cur, want, opened, counted
+                    )
+                    recorded |= recorded_too
+                    if counted_too:
+                        submitted, kept = self.pending, []
+                elif want:
                     recorded_too, claimed = self.claims.claim(cur, want, successes if fused else [])
                     recorded |= recorded_too
                 if fused:  # a success the cancel fence refused is recorded cancelled
-                    recorded |= self.recorder.cancel_refused(cur, self.pending, recorded)
+                    recorded |= self.recorder.cancel_refused(cur, submitted, recorded)
         except CONNECTION_ERRORS:
             raise
         except psycopg.Error as exc:
@@ -252,9 +268,9 @@ class WorkerLoop:
             # Claim again at once after recording; a refused claim waits for the next poll.
             return had_outcomes
         # Committed: the outcomes are durable and the claims are ours.
-        self.recorder.log(self.pending, recorded)
-        self.limited.difference_update(o.ctx.id for o in self.pending)
-        self.pending = []
+        self.recorder.log(submitted, recorded)
+        self.limited.difference_update(o.ctx.id for o in submitted)
+        self.pending = kept
         self._dispatch(claimed)
         self._burst_idle = want > 0 and not claimed
         with self.db.cursor() as cur:
