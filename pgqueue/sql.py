@@ -854,6 +854,22 @@ done_history AS (
 
 _COMPLETE = _complete()
 
+
+def _plain_claim(pick: str, guard: str, *, fused: bool = False) -> str:
+    """A plain claim statement (JOB_CLAIM, JOB_CLAIM_OPEN, their several-queue forms and,
+    ``fused``, their JOB_COMPLETE_AND_CLAIM forms): the completions when fused, ``pick``
+    (CTEs ending in ``picked``), the lease, and the switch row when ``guard`` fails."""
+    if not fused:
+        return f"WITH {pick}{_PLAIN_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed" + _switch(
+            f"NOT {guard}"
+        )
+    return (
+        f"WITH {_COMPLETE},{pick}{_PLAIN_UPDATE}"
+        + _COMPLETE_AND_CLAIM
+        + _switch(f"NOT {guard}", "TRUE, ")
+    )
+
+
 # -- name: JOB_CLAIM
 # Claim up to %(limit)s runnable jobs of one queue for one worker: a lease of %(lease)s
 # seconds from %(now)s, attempts + 1, when no limit row applies to the queue (_NO_LIMITS,
@@ -869,10 +885,7 @@ _COMPLETE = _complete()
 # Called by: claim_store.claim_once, from store.claim and the worker runtime when it has
 #   free slots and no success to record (alone), or after recording failures (in their
 #   transaction), while no limit applies to its queues.
-JOB_CLAIM = (
-    f"WITH {_CLAIM_ONE_QUEUE}{_PLAIN_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
-    + _switch(f"NOT {_NO_LIMITS}")
-)
+JOB_CLAIM = _plain_claim(_CLAIM_ONE_QUEUE, _NO_LIMITS)
 
 # -- name: JOB_CLAIM_MANY_QUEUES
 # JOB_CLAIM for a worker of several queues: each queue offers its best %(limit)s jobs, and
@@ -881,10 +894,7 @@ JOB_CLAIM = (
 #   locked, unclaimed, until the claim's transaction commits at once).
 # Index: pgqueue_job_claim, one range scan per queue; pgqueue_limit as JOB_CLAIM.
 # Called by: claim_store.claim_once with more than one queue.
-JOB_CLAIM_MANY_QUEUES = (
-    f"WITH {_CLAIM_MANY_QUEUES}{_PLAIN_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
-    + _switch(f"NOT {_NO_LIMITS}")
-)
+JOB_CLAIM_MANY_QUEUES = _plain_claim(_CLAIM_MANY_QUEUES, _NO_LIMITS)
 
 # -- name: JOB_CLAIM_OPEN
 # The open claim: JOB_CLAIM of the jobs of tenants with no limit row (in every queue or in
@@ -898,20 +908,14 @@ JOB_CLAIM_MANY_QUEUES = (
 # Index: pgqueue_job_claim, one range scan; pgqueue_limit_scope, one probe per job
 #   scanned; pgqueue_limit, a seq scan stopping at a queue's row (the guard).
 # Called by: claim_store.claim_once, from the worker runtime (Claims.claim_open).
-JOB_CLAIM_OPEN = (
-    f"WITH {_OPEN_ONE_QUEUE}{_PLAIN_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
-    + _switch(f"NOT {_NO_QUEUE_ROW}")
-)
+JOB_CLAIM_OPEN = _plain_claim(_OPEN_ONE_QUEUE, _NO_QUEUE_ROW)
 
 # -- name: JOB_CLAIM_OPEN_MANY_QUEUES
 # JOB_CLAIM_OPEN for a worker of several queues (the claim of JOB_CLAIM_MANY_QUEUES).
 # Locks: as JOB_CLAIM_MANY_QUEUES.
 # Index: as JOB_CLAIM_OPEN, one range scan per queue.
 # Called by: claim_store.claim_once with more than one queue.
-JOB_CLAIM_OPEN_MANY_QUEUES = (
-    f"WITH {_OPEN_MANY_QUEUES}{_PLAIN_UPDATE}\nSELECT {_CLAIMED_COLUMNS} FROM claimed"
-    + _switch(f"NOT {_NO_QUEUE_ROW}")
-)
+JOB_CLAIM_OPEN_MANY_QUEUES = _plain_claim(_OPEN_MANY_QUEUES, _NO_QUEUE_ROW)
 
 # -- name: JOB_CLAIM_LIMITED
 # Claim up to %(limit)s runnable jobs of one queue for one worker, as JOB_CLAIM, within
@@ -989,22 +993,14 @@ SELECT FALSE, id, NULL::text, NULL::text, NULL::text, NULL::varchar, NULL::small
 #   scan), pgqueue_limit (the guard).
 # Called by: claim_store.claim_once, from the worker runtime in its steady state while no
 #   limit applies to its queues.
-JOB_COMPLETE_AND_CLAIM = (
-    f"WITH {_COMPLETE},{_CLAIM_ONE_QUEUE}{_PLAIN_UPDATE}"
-    + _COMPLETE_AND_CLAIM
-    + _switch(f"NOT {_NO_LIMITS}", "TRUE, ")
-)
+JOB_COMPLETE_AND_CLAIM = _plain_claim(_CLAIM_ONE_QUEUE, _NO_LIMITS, fused=True)
 
 # -- name: JOB_COMPLETE_AND_CLAIM_MANY_QUEUES
 # JOB_COMPLETE_AND_CLAIM for a worker of several queues (the claim of JOB_CLAIM_MANY_QUEUES).
 # Locks: as JOB_COMPLETE_AND_CLAIM.
 # Indexes: pgqueue_job_pkey, pgqueue_job_claim (one range scan per queue), pgqueue_limit.
 # Called by: claim_store.claim_once with more than one queue.
-JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
-    f"WITH {_COMPLETE},{_CLAIM_MANY_QUEUES}{_PLAIN_UPDATE}"
-    + _COMPLETE_AND_CLAIM
-    + _switch(f"NOT {_NO_LIMITS}", "TRUE, ")
-)
+JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = _plain_claim(_CLAIM_MANY_QUEUES, _NO_LIMITS, fused=True)
 
 # -- name: JOB_COMPLETE_AND_CLAIM_OPEN
 # JOB_COMPLETE_MANY and JOB_CLAIM_OPEN in one statement, as JOB_COMPLETE_AND_CLAIM. It gives
@@ -1013,21 +1009,13 @@ JOB_COMPLETE_AND_CLAIM_MANY_QUEUES = (
 # Locks: as JOB_COMPLETE_AND_CLAIM.
 # Indexes: pgqueue_job_pkey (the completions), as JOB_CLAIM_OPEN (the claim).
 # Called by: claim_store.claim_once, from the worker runtime (Claims.claim_open).
-JOB_COMPLETE_AND_CLAIM_OPEN = (
-    f"WITH {_COMPLETE},{_OPEN_ONE_QUEUE}{_PLAIN_UPDATE}"
-    + _COMPLETE_AND_CLAIM
-    + _switch(f"NOT {_NO_QUEUE_ROW}", "TRUE, ")
-)
+JOB_COMPLETE_AND_CLAIM_OPEN = _plain_claim(_OPEN_ONE_QUEUE, _NO_QUEUE_ROW, fused=True)
 
 # -- name: JOB_COMPLETE_AND_CLAIM_OPEN_MANY_QUEUES
 # JOB_COMPLETE_AND_CLAIM_OPEN for a worker of several queues.
 # Locks: as JOB_COMPLETE_AND_CLAIM. Indexes: as JOB_CLAIM_OPEN_MANY_QUEUES.
 # Called by: claim_store.claim_once with more than one queue.
-JOB_COMPLETE_AND_CLAIM_OPEN_MANY_QUEUES = (
-    f"WITH {_COMPLETE},{_OPEN_MANY_QUEUES}{_PLAIN_UPDATE}"
-    + _COMPLETE_AND_CLAIM
-    + _switch(f"NOT {_NO_QUEUE_ROW}", "TRUE, ")
-)
+JOB_COMPLETE_AND_CLAIM_OPEN_MANY_QUEUES = _plain_claim(_OPEN_MANY_QUEUES, _NO_QUEUE_ROW, fused=True)
 
 #: The fused limited claims' first CTEs (one queue; _OPEN_FIRST_MANY_QUEUES for several):
 #: the ungated scan, then the completions, which read nothing until the scan is done. The
