@@ -133,8 +133,9 @@ DEFAULTS: dict[str, Any] = {
     # While limits apply to its queues, the longest a worker goes between two limited
     # claims when its turns come faster than that (short jobs): the turns in between claim
     # only jobs of tenants with no limit row, at the plain claim's cost, so limited
-    # tenants' jobs may start, and their slots free, up to this much later. 0: every claim
-    # is limited (worker/claiming.py).
+    # tenants' jobs may start, and their slots free, up to this much later (a tenant whose
+    # cap binds then runs at most its cap per this many seconds per worker). 0: every
+    # claim is limited (worker/claiming.py).
     "LIMITS_CLAIM_SECONDS": 0.02,
     # Most queued jobs one limit change gates or ungates at once (the claim deals with any
     # beyond, each once).
