@@ -725,12 +725,6 @@ _NO_JOB = (
 _NO_LIMITS = """(SELECT NOT EXISTS (SELECT 1 FROM pgqueue_limit
                      WHERE queue = '' OR queue = ANY(%(queues)s::text[])))"""
 
-# The plain claim's CTEs, ending in ``picked``, for when no limit row applies (_NO_LIMITS):
-# the claim of before limits existed, on the claim index (ungated jobs only). When a limit
-# row applies, the guard makes it claim nothing at all (one-time filters: the job index is
-# not read) and the statement returns one row of NULLs (_SWITCH): the caller claims with the
-# limited statement instead. Taken in the claim's own snapshot, a plain claim is exactly a
-# claim from before the first limit was set: no cache widens that window.
 #: Once per statement (an InitPlan): no queue's own limit row (tenant '') for the claim's
 #: queues. The open claim's guard: a queue's row counts every job of its queue, so while
 #: one exists only the limited claim may start any of them.
@@ -768,6 +762,12 @@ picked AS MATERIALIZED (
 ),"""
 
 
+# The plain claim's CTEs, ending in ``picked``, for when no limit row applies (_NO_LIMITS):
+# the claim of before limits existed, on the claim index (ungated jobs only). When a limit
+# row applies, the guard makes it claim nothing at all (one-time filters: the job index is
+# not read) and the statement returns one row of NULLs (_SWITCH): the caller claims with the
+# limited statement instead. Taken in the claim's own snapshot, a plain claim is exactly a
+# claim from before the first limit was set: no cache widens that window.
 _CLAIM_ONE_QUEUE = _pick_one_queue(_NO_LIMITS)
 #: The open claim's (see JOB_CLAIM_OPEN): the plain scan, of the jobs of tenants with no
 #: limit row only, while no queue's own row applies.
@@ -2080,9 +2080,9 @@ SELECT pg_notify(%(channel)s, q) IS NULL FROM (
 #   queue's).
 # Called by: limits_store.next_token_in, from the worker runtime after a short claim.
 LIMIT_NEXT_TOKEN = f"""
-SELECT min(GREATEST((1 - {_TOKENS}) * l.rate_seconds / l.rate_count,
-                    l.rate_seconds::float8 / l.rate_count * ({_TOKENS} >= 1)::int))
-  FROM pgqueue_limit l
+SELECT min(CASE WHEN b.tokens >= 1 THEN 1 ELSE 1 - b.tokens END
+           * l.rate_seconds / l.rate_count)
+  FROM pgqueue_limit l CROSS JOIN LATERAL (SELECT {_TOKENS} AS tokens) b
  WHERE l.rate_count IS NOT NULL
    AND (l.queue = '' OR l.queue = ANY(%(queues)s::text[]))
    AND NOT EXISTS (  -- paused or at its cap, or its tenant's row in every queue is
@@ -2101,6 +2101,19 @@ SELECT min(GREATEST((1 - {_TOKENS}) * l.rate_seconds / l.rate_count,
        END
 """
 
+
+def _running_counts(where: str = "") -> str:
+    """The recount's ``counts`` CTE: each limit row's running jobs, from their
+    ``limit_ids`` (pgqueue_job_lease: only running jobs are read), ``where`` narrowing
+    them."""
+    return f"""counts AS (
+    SELECT u.lid, count(*) AS n
+      FROM pgqueue_job j CROSS JOIN LATERAL unnest(j.limit_ids) AS u(lid)
+     WHERE j.status = 'running'{where}
+     GROUP BY u.lid
+)"""
+
+
 # -- name: LIMIT_DRIFTED
 # The recount's first look: the limit rows whose ``running`` differs from the number of
 # running jobs counted in them (their ``limit_ids``), in this statement's one snapshot. A
@@ -2113,13 +2126,8 @@ SELECT min(GREATEST((1 - {_TOKENS}) * l.rate_seconds / l.rate_count,
 # Index: pgqueue_job_lease (the running jobs); a scan of pgqueue_limit (one row per
 #   limited scope), read only.
 # Called by: limits_store.recount, from maintenance every LIMITS_RECOUNT_SECONDS.
-LIMIT_DRIFTED = """
-WITH counts AS (
-    SELECT u.lid, count(*) AS n
-      FROM pgqueue_job j CROSS JOIN LATERAL unnest(j.limit_ids) AS u(lid)
-     WHERE j.status = 'running'
-     GROUP BY u.lid
-)
+LIMIT_DRIFTED = f"""
+WITH {_running_counts()}
 SELECT l.id
   FROM pgqueue_limit l LEFT JOIN counts c ON c.lid = l.id
  WHERE l.running <> COALESCE(c.n, 0)
@@ -2149,12 +2157,7 @@ SELECT id FROM pgqueue_limit
 # Index: pgqueue_job_lease (the running jobs), pgqueue_limit_pkey.
 # Called by: limits_store.recount, right after LIMIT_LOCK_MANY.
 LIMIT_RECOUNT = f"""
-WITH counts AS (
-    SELECT u.lid, count(*) AS n
-      FROM pgqueue_job j CROSS JOIN LATERAL unnest(j.limit_ids) AS u(lid)
-     WHERE j.status = 'running' AND j.limit_ids && %(ids)s::bigint[]
-     GROUP BY u.lid
-),
+WITH {_running_counts(" AND j.limit_ids && %(ids)s::bigint[]")},
 fixed AS (
     SELECT l.id, l.running AS was, COALESCE(c.n, 0) AS now
       FROM pgqueue_limit l LEFT JOIN counts c ON c.lid = l.id
