@@ -44,6 +44,7 @@ TENANTS = 100
 CAPPED_TENANTS = 10
 COST_CAP = 2
 IDLE_CAPPED = 1_000  # tenants capped at COST_CAP with nothing queued (the "idle" variant)
+TURN_JOBS = 40  # jobs one turn of a no-op worker records and claims (8 threads + PREFETCH 32)
 BACKLOG = "backlog"
 HOLD_QUEUE = "hold"
 
@@ -187,7 +188,7 @@ def _each_pair(rates: dict[str, list[float]], over: str = "none", of: str = "cap
     return f"\neach round, {names[of]} / {names[over]}: " + " ".join(f"{r:.2f}" for r in ratios)
 
 
-def statement_cost(runs: int, jobs: int = 40) -> dict[str, float]:
+def statement_cost(runs: int, jobs: int = TURN_JOBS) -> dict[str, float]:
     """Median µs of a worker's steady-state turn statement (record ``jobs`` successes and
     claim ``jobs``, one statement), plain, limited and open (the turns between two limited
     claims: the successes of uncapped jobs only), on one fixed state: each run rolled
@@ -197,8 +198,6 @@ def statement_cost(runs: int, jobs: int = 40) -> dict[str, float]:
     and the open statements), 10 of its 100 tenants capped at 2 (as (queue, tenant) caps,
     so that OTHER stays plain), each after 60 committed turns of a worker of its own
     (capped and uncapped jobs running, and given back by the statement, as in a drain)."""
-    import statistics
-
     import psycopg
 
     import pgqueue
@@ -244,7 +243,7 @@ def statement_cost(runs: int, jobs: int = 40) -> dict[str, float]:
                 raw.fetchall()
                 times[name].append(time.perf_counter() - started)
                 conn.pgconn.exec_(b"ROLLBACK")
-    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
+    return {name: median(t) * 1e6 for name, t in times.items()}
 
 
 def insert_backlog(rows: int) -> float:
@@ -400,15 +399,15 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
     rates = cost_pairs(pairs, cost_jobs, variants=("none", "caps", "idle"))
     cost_ratio = median(rates["caps"]) / median(rates["none"])
     turn = statement_cost(statement_runs)
-    # At the no-limit drain's rate a worker turns rate / 40 times a second; the limited
+    # At the no-limit drain's rate a worker turns rate / TURN_JOBS times a second; the limited
     # claim runs at most once per LIMITS_CLAIM_SECONDS of them, the open one on the rest.
     from pgqueue.conf import pgqueue_settings
 
     every = float(pgqueue_settings.LIMITS_CLAIM_SECONDS)
-    share = 1.0 if every <= 0 else min(1.0, 40 / (median(rates["none"]) * every))
+    share = 1.0 if every <= 0 else min(1.0, TURN_JOBS / (median(rates["none"]) * every))
     extra_per_job = (
         (share * (turn["limited"] - turn["plain"]) + (1 - share) * (turn["open"] - turn["plain"]))
-        / 40
+        / TURN_JOBS
         / 1e6
     )  # seconds
     predicted = 1 / (1 + median(rates["none"]) * extra_per_job)
@@ -486,13 +485,14 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         f"{'met' if idle_ratio >= 0.9 else 'NOT met'})"
     )
     report += (
-        f"\nthe turn statement alone (record 40 successes and claim 40, fixed state, "
+        f"\nthe turn statement alone (record {TURN_JOBS} successes and claim {TURN_JOBS}, fixed "
+        f"state, "
         f"{statement_runs:,} interleaved runs, medians): plain {turn['plain']:,.0f} us, "
         f"limited {turn['limited']:,.0f} us (+{turn['limited'] - turn['plain']:,.0f} us, "
         f"{turn['limited'] / turn['plain'] - 1:+.0%}), open {turn['open']:,.0f} us "
         f"({turn['open'] / turn['plain'] - 1:+.0%}); a worker that drains "
         f"{median(rates['none']):,.0f} jobs/s without limits turns "
-        f"{median(rates['none']) / 40:,.0f} times a second, and with LIMITS_CLAIM_SECONDS = "
+        f"{median(rates['none']) / TURN_JOBS:,.0f} times a second, and with LIMITS_CLAIM_SECONDS = "
         f"{every:g} at most {share:.0%} of its turns are limited: "
         f"{extra_per_job * 1e6:.1f} us more per job on its loop, which predicts caps / no "
         "limits = "
@@ -531,7 +531,8 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         f"{COST_CAP} against none, and the same with {IDLE_CAPPED:,} more tenants capped at "
         f"{COST_CAP} that have nothing queued, {pairs} alternated rounds (none, caps, idle), "
         "medians, jobs/s = jobs / (last finish - first start); the turn statement: a "
-        "worker's steady-state statement (record 40 successes, claim 40) on one fixed state "
+        f"worker's steady-state statement (record {TURN_JOBS} successes, claim {TURN_JOBS}) on "
+        "one fixed state "
         f"of the same mix after 60 turns, prepared, rolled back each time, plain, limited "
         f"and open interleaved, {statement_runs:,} runs each, medians; the same with "
         f"runworker "
