@@ -56,6 +56,8 @@ class Claim(NamedTuple):
     #: The statement was the wrong one for these queues now: a limit row applies (after a
     #: plain claim, which then claimed nothing) or none does (after a limited one).
     switch: bool
+    #: A limited claim started all that some tenant's room allowed (sql._room_bound).
+    room_bound: bool = False
 
 
 def lease(lease_seconds: float | None) -> float:
@@ -153,19 +155,21 @@ def claim_once(
     rows = _execute(cursor, _statement(fused, limited, len(queues) > 1, limit, open_), params)
     jobs: list[ClaimedJob] = []
     recorded: set[int] = set()
-    switch = False
+    switch = room_bound = False
     for row in rows:
         if fused:
             if not row[0]:
                 recorded.add(row[1])
                 continue
             row = row[1:]
-        if row[0] is None:
+        if row[0] is None and row[1] == sql.ROOM_BOUND:
+            room_bound = True
+        elif row[0] is None:
             switch = True
         else:
             jobs.append(ClaimedJob(row[0], row[1], json.loads(row[2]), *row[3:12]))
     jobs.sort(key=lambda j: (-j.priority, j.vtime, j.id))
-    return Claim(jobs, recorded, switch)
+    return Claim(jobs, recorded, switch, room_bound)
 
 
 def claim(

@@ -522,7 +522,7 @@ open_jobs AS MATERIALIZED (
      WHERE b.free > 0
 ),
 gated_jobs AS MATERIALIZED (
-    SELECT j.id, j.priority, j.vtime, g.ord, g.ids
+    SELECT j.id, j.priority, j.vtime, g.ord, g.ids, g.room
       FROM groups g
      CROSS JOIN LATERAL {_next_gated("g.queue", "g.room", lock=False)}
      WHERE g.room > 0 AND g.has_gated
@@ -566,7 +566,7 @@ _PICKED_ROW_LOCK = _row_lock(
 #: _claim): lock first, then take within the true rooms.
 _LOCKED_ONE_QUEUE = f"""{_GROUP_ROW_LOCK}
 gated_jobs AS MATERIALIZED (
-    SELECT j.id, j.priority, j.vtime, g.ids
+    SELECT j.id, j.priority, j.vtime, g.ids, r.room
       FROM groups g
      CROSS JOIN LATERAL (
            SELECT min(k.free) AS room, count(*) AS n FROM row_lock k WHERE k.id = ANY(g.ids)
@@ -816,6 +816,27 @@ def _switch(when: str, is_claim: str = "") -> str:
     return f"\nUNION ALL\nSELECT {is_claim}{_NO_JOB} WHERE {when}"
 
 
+#: The ``task`` of the limited claim's marker row (_room_bound).
+ROOM_BOUND = "room-bound"
+
+
+def _room_bound(many: bool, is_claim: str = "") -> str:
+    """The limited claim's marker row (an id of NULL, task ROOM_BOUND), returned when a
+    group of limit rows (a tenant, in a queue) offered as many gated jobs as its room
+    allowed and the claim started every one of them: its jobs wait on its room, not on
+    their turn, and more of them may be queued. The worker then runs the limited claim
+    again on its next turn instead of open claims (worker/claiming.py): a tenant's cap is
+    a bound on its running jobs, and must not also bound its starts to a cap's worth per
+    LIMITS_CLAIM_SECONDS. Read from the statement's own CTEs: no table is read again."""
+    group = "ord, ids" if many else "ids"
+    return f"""
+UNION ALL
+SELECT {is_claim}{_NO_JOB.replace("NULL::text", f"'{ROOM_BOUND}'::text", 1)}
+ WHERE EXISTS (SELECT 1 FROM gated_jobs GROUP BY {group}
+                HAVING count(*) >= min(room)
+                   AND bool_and(id = ANY(ARRAY(SELECT id FROM final))))"""
+
+
 def _uncount(rows: str) -> str:
     """CTEs that give back the limit rows the jobs of ``rows`` (a CTE of jobs leaving
     'running', returning their ``limit_ids``) were counted in (see _given_back)."""
@@ -942,7 +963,7 @@ JOB_CLAIM_OPEN_MANY_QUEUES = _plain_claim(_OPEN_MANY_QUEUES, _NO_QUEUE_ROW)
 #   limit row applies to the worker's queue.
 JOB_CLAIM_LIMITED = (
     f"WITH {_OPEN_SCAN_ONE_QUEUE}{_given_back(None)}{_claim(False)}{_CLAIM_UPDATE}"
-    f"\nSELECT {_CLAIMED_COLUMNS} FROM claimed" + _switch(_NO_LIMITS)
+    f"\nSELECT {_CLAIMED_COLUMNS} FROM claimed" + _switch(_NO_LIMITS) + _room_bound(False)
 )
 
 # -- name: JOB_CLAIM_LIMITED_MANY_QUEUES
@@ -956,7 +977,7 @@ JOB_CLAIM_LIMITED = (
 # Called by: claim_store.claim_once with more than one queue.
 JOB_CLAIM_LIMITED_MANY_QUEUES = (
     f"WITH {_OPEN_SCAN_MANY_QUEUES}{_given_back(None)}{_claim(True)}{_CLAIM_UPDATE}"
-    f"\nSELECT {_CLAIMED_COLUMNS} FROM claimed" + _switch(_NO_LIMITS)
+    f"\nSELECT {_CLAIMED_COLUMNS} FROM claimed" + _switch(_NO_LIMITS) + _room_bound(True)
 )
 
 # -- name: JOB_COMPLETE_MANY
@@ -1049,6 +1070,7 @@ JOB_COMPLETE_AND_CLAIM_LIMITED = (
     f"WITH {_OPEN_FIRST},{_given_back('done')}{_claim(False)}{_CLAIM_UPDATE}"
     + _COMPLETE_AND_CLAIM
     + _switch(_NO_LIMITS, "TRUE, ")
+    + _room_bound(False, "TRUE, ")
 )
 
 # -- name: JOB_COMPLETE_AND_CLAIM_LIMITED_MANY_QUEUES
@@ -1060,6 +1082,7 @@ JOB_COMPLETE_AND_CLAIM_LIMITED_MANY_QUEUES = (
     f"WITH {_OPEN_FIRST_MANY_QUEUES},{_given_back('done')}{_claim(True)}{_CLAIM_UPDATE}"
     + _COMPLETE_AND_CLAIM
     + _switch(_NO_LIMITS, "TRUE, ")
+    + _room_bound(True, "TRUE, ")
 )
 
 # -- name: JOB_FAIL_MANY

@@ -408,23 +408,72 @@ def test_the_open_claim_starts_only_jobs_of_tenants_without_a_limit_row(queues):
     assert again.switch and again.jobs == []
 
 
+@pytest.mark.parametrize("queues", [("default",), ("default", "other")])
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_limited_claim_says_when_a_tenant_took_all_its_room(queues, fused):
+    """The room-bound marker (sql._room_bound): the limited claim says so when a tenant
+    offered as many jobs as its room allowed and all of them started, its jobs waiting on
+    its room rather than on their turn; not when it has no room, when the claim's order
+    left one of its jobs out, nor when it had fewer jobs queued than room. The worker
+    claims limited again on the next turn only after such a claim (worker/claiming.py),
+    so that open turns never bound a capped tenant's starts to a cap per period."""
+    done = []
+    if fused:  # a success recorded in the same statement as the claim
+        enqueue(1, "first")
+        done = once(True, queues, limit=1).jobs
+    limits.set_tenant_limits("capped", max_running=2)
+    capped = enqueue(3, "capped")
+    enqueue(6, "free")
+    got = once(True, queues, limit=4, done=done)
+    assert [j.id for j in got.jobs if j.tenant == "capped"] == capped[:2]
+    assert got.room_bound and not got.switch
+    full = once(True, queues, limit=1)  # its room is full: none of its jobs offered
+    assert [j.tenant for j in full.jobs] == ["free"] and not full.room_bound
+    ahead = pgqueue.enqueue_many("test.noop", [{}] * 4, tenant="urgent", priority=5)
+    first_done = [j for j in got.jobs if j.id == capped[0]]
+    cut = once(True, queues, limit=4, done=first_done)  # a slot back, its job not in the best 4
+    assert sorted(j.id for j in cut.jobs) == sorted(ahead) and not cut.room_bound
+    second_done = [j for j in got.jobs if j.id == capped[1]]
+    short = once(True, queues, limit=4, done=second_done)  # room for two, one job left
+    assert capped[2] in [j.id for j in short.jobs] and not short.room_bound
+    assert running_counter("capped") == 1
+
+
+def test_after_a_room_bound_claim_or_a_long_counted_job_the_next_turn_is_limited():
+    """Open turns run only while no tenant waits on its room alone and no counted job
+    that ran a period or longer is holding its slot (Claims.open_turn's ``held``)."""
+    clock = [0.0]
+    claims = Claims("w", ["default"], 60.0, limited_every=1.0, clock=lambda: clock[0])
+    claims.limited, claims._limited_at = True, 0.0
+    clock[0] = 0.5
+    assert claims.open_turn() and claims.open_turn(held=0.9)
+    assert not claims.open_turn(held=1.0)
+    claims.room_bound = True
+    assert not claims.open_turn()
+
+
 def test_open_turns_run_between_limited_claims_and_keep_counted_successes_for_them():
     """While limited claims run less than ``limited_every`` apart, the turns between them
     claim open: uncapped jobs only, and a capped job's success is kept back, its slot
-    still counted. An open claim that comes up short is followed by the limited claim in
-    the same turn, which records what was kept, frees its slot and fills it, and open
-    turns pause. The counter is exact at every step."""
+    still counted. Not after a limited claim that filled a tenant's room (room-bound):
+    the next turn claims limited again. An open claim that comes up short is followed by
+    the limited claim in the same turn, which records what was kept, frees its slot and
+    fills it, and open turns pause. The counter is exact at every step."""
     clock = [0.0]
     claims = Claims("w", ["default"], 60.0, limited_every=1.0, clock=lambda: clock[0])
     limits.set_tenant_limits("capped", max_running=1)
     capped = enqueue(3, "capped")
-    enqueue(4, "free")
+    enqueue(5, "free")
     assert not claims.open_turn()
     with connection.cursor() as cur:
         _, first = claims.claim(cur, 4)  # plain, which switches to limited at once
     assert claims.limited and [j.id for j in first if j.tenant == "capped"] == capped[:1]
+    assert claims.room_bound and not claims.open_turn()  # its room filled: limited again
     done = {j.tenant: (j.id, j.attempt, None) for j in first}
     frees = [(j.id, j.attempt, None) for j in first if j.tenant == "free"]
+    with connection.cursor() as cur:
+        _, second = claims.claim(cur, 1)  # no room left: the next turns may claim open
+    assert [j.tenant for j in second] == ["free"] and not claims.room_bound
     clock[0] = 0.5
     assert claims.open_turn()
     with connection.cursor() as cur:

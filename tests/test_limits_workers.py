@@ -201,3 +201,29 @@ def test_a_burst_with_open_turns_drains_capped_and_uncapped_jobs_within_the_cap(
     )
     assert len(spans) == 60 and max_overlap(spans) <= 2
     assert Limit.objects.get(tenant="capped").running == 0
+
+
+def test_a_capped_tenant_behind_its_share_starts_at_its_cap_not_once_a_period(workers):
+    """Protection: the room-bound marker (sql._room_bound, worker/claiming.py). With a
+    period far longer than the burst, open turns alone would start the capped tenant's
+    jobs only in the first limited claim and after the uncapped tenant's jobs ran out:
+    two of them before then. A limited claim that fills the capped tenant's room while
+    its jobs are among the best says so, and the next turn claims limited again: its jobs
+    start as fast as its cap allows, alongside the other tenant's, within the cap."""
+    limits.set_tenant_limits("capped", max_running=2)
+    capped = pgqueue.enqueue_many("test.noop", [{}] * 40, tenant="capped")
+    free = pgqueue.enqueue_many("test.noop", [{}] * 3000, tenant="free")
+    w = workers(
+        "--burst",
+        "--concurrency",
+        "8",
+        settings={"LIMITS_CLAIM_SECONDS": 60.0, "POLL_SECONDS": 60, "MAINTENANCE_SECONDS": 60},
+    )
+    assert w.wait_exit(120) == 0
+    assert all_done(capped) and all_done(free)
+    free_end = max(JobAttempt.objects.filter(job_id__in=free).values_list("finished_at", flat=True))
+    spans = list(
+        JobAttempt.objects.filter(job_id__in=capped).values_list("started_at", "finished_at")
+    )
+    assert max_overlap(spans) <= 2
+    assert sum(1 for _, end in spans if end < free_end) >= 30

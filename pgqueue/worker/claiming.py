@@ -63,15 +63,29 @@ class Claims:
             pgqueue_settings.LIMITS_CLAIM_SECONDS if limited_every is None else limited_every
         )
         self.clock = clock
+        #: The last limited claim started all that some tenant's room allowed: the next
+        #: turn claims limited too (see open_turn).
+        self.room_bound = False
         self._limited_at = float("-inf")  # the last limited claim (clock())
         self._open_after = float("-inf")  # no open claim before this (clock())
 
-    def open_turn(self) -> bool:
+    def open_turn(self, held: float = 0.0) -> bool:
         """Whether this turn claims open: the claims are limited, the last limited claim
-        ran less than ``limited_every`` ago, and open claims are not paused."""
+        ran less than ``limited_every`` ago and found no tenant bound by its room, open
+        claims are not paused, and no job counted in a limit row that finished since ran
+        ``limited_every`` or longer (``held``: the longest such run, in seconds).
+
+        A room-bound tenant has jobs waiting on nothing but its room: open turns would
+        hold them back. A long job's slot goes back at once: kept for up to a period more,
+        it would cost its tenant a share of its cap comparable to the job itself, while a
+        limited claim among turns that slow costs next to nothing."""
         now = self.clock()
         return (
-            self.limited and now - self._limited_at < self.limited_every and now >= self._open_after
+            self.limited
+            and not self.room_bound
+            and held < self.limited_every
+            and now - self._limited_at < self.limited_every
+            and now >= self._open_after
         )
 
     def claim_open(
@@ -109,6 +123,7 @@ class Claims:
         # The claim statements in their positional form: not parsed again on each turn.
         with psycopg.RawCursor(cur.connection) as raw:
             first = claim_once(raw, limit=want, limited=self.limited, results=successes, **args)
+            self.room_bound = first.room_bound
             if not first.switch:
                 return first.recorded, first.jobs
             self.limited = not self.limited
@@ -116,6 +131,7 @@ class Claims:
                 return first.recorded, first.jobs
             self._limited_at = now
             second = claim_once(raw, limit=want, limited=True, **args)
+        self.room_bound = second.room_bound
         if second.switch:  # the limits went away between the two statements
             self.limited = False
         return first.recorded, second.jobs

@@ -225,7 +225,8 @@ class WorkerLoop:
         # the limited claim that follows it when it comes up short, or for a later turn.
         limited = any(o.ctx.id in self.limited for o in self.pending)
         fused = bool(want) and not failures and (self.claims.limited or not limited)
-        open_turn = fused and self.claims.open_turn()
+        held = max((o.duration for o in self.pending if o.ctx.id in self.limited), default=0.0)
+        open_turn = fused and self.claims.open_turn(held)
         submitted, kept = self.pending, []
         if open_turn:
             submitted = [o for o in self.pending if o.ctx.id not in self.limited]
