@@ -133,10 +133,11 @@ DEFAULTS: dict[str, Any] = {
     # While limits apply to its queues, the longest a worker goes between two limited
     # claims when its turns come faster than that (short jobs): the turns in between claim
     # only jobs of tenants with no limit row, at the plain claim's cost, so limited
-    # tenants' jobs may start, and their slots free, up to this much later (a tenant whose
-    # cap binds then runs at most its cap per this many seconds per worker). 0: every
-    # claim is limited (worker/claiming.py).
-    "LIMITS_CLAIM_SECONDS": 0.02,
+    # tenants' jobs may start, and their short jobs' slots free, up to this much later;
+    # not a tenant's whose room the last limited claim filled (the next turn is limited
+    # again), nor the slot of a job that ran this long. 0: every claim is limited
+    # (worker/claiming.py).
+    "LIMITS_CLAIM_SECONDS": 0.05,
     # Most queued jobs one limit change gates or ungates at once (the claim deals with any
     # beyond, each once).
     "LIMITS_GATE_BATCH": 10_000,

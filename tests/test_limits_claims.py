@@ -11,7 +11,7 @@ import pytest
 from django.db import OperationalError, connection, transaction
 
 import pgqueue
-from pgqueue import claim_store, limits
+from pgqueue import claim_store, limits, sql
 from pgqueue.limit_models import Limit
 from pgqueue.models import Job
 from pgqueue.worker.claiming import Claims
@@ -372,14 +372,19 @@ def test_the_fused_limited_claim_locks_the_jobs_it_scans_before_it_records_any(q
     assert sorted(j.id for j in got.jobs) == sorted(queued)
 
 
+@pytest.mark.parametrize("idle_rows", [0, sql.OPEN_HASH_ROWS], ids=["hashed", "probed"])
 @pytest.mark.parametrize("queues", [("default",), ("default", "x")])
-def test_the_open_claim_starts_only_jobs_of_tenants_without_a_limit_row(queues):
+def test_the_open_claim_starts_only_jobs_of_tenants_without_a_limit_row(queues, idle_rows):
     """The open claim (JOB_CLAIM_OPEN) runs between limited claims at the plain claim's
     cost: it may start only jobs that count in no row. A capped tenant's gated jobs are
     outside its index; its stale ungated job, and the jobs of a tenant whose row is for
     that queue (even one that limits nothing), must be passed over, unlocked; a tenant
     limited only in another queue is free here. A queue's own row counts every job of
-    its queue: then the open claim claims nothing and says so."""
+    its queue: then the open claim claims nothing and says so. The same with few rows
+    (read once into a hash) and with more (a probe per job; sql._no_tenant_row)."""
+    Limit.objects.bulk_create(
+        Limit(queue="", tenant=f"idle{n}", max_running=1) for n in range(idle_rows)
+    )
     limits.set_tenant_limits("capped", max_running=2)
     limits.set_tenant_limits("narrow", queue="default", rate_limit="100/s")
     limits.set_tenant_limits("elsewhere", queue="x", max_running=1)

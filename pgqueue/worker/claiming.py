@@ -18,6 +18,13 @@ period instead of once per turn, and limited tenants' jobs start, and their slot
 up to that much later. An open claim that comes up short (what is left may be limited
 work) or finds a queue's own row is followed at once, in the same turn, by the limited
 claim, and no open claim is tried for OPEN_PAUSE seconds.
+
+The delay must fall only on limited tenants that keep up with their share, never bound a
+tenant's starts to a cap's worth per period: a limited claim that filled some tenant's
+room with jobs that were all among the best it took (room-bound: its jobs wait on its
+room, not on their turn; sql._room_bound) is followed by another on the next turn, and so
+is a counted job that ran a period or longer (its slot back at once: next to the job, a
+limited claim among turns that slow costs nothing).
 """
 
 from __future__ import annotations
