@@ -179,27 +179,36 @@ def test_a_timed_out_job_of_a_capped_tenant_frees_its_slot(workers, tmp_path):
     wait_for(lambda: Limit.objects.get(tenant="t").running == 0, 10, "the count back to 0")
 
 
+def capped_burst(workers, capped: int, free: int, period: float) -> tuple[list, list]:
+    """A ``runworker --burst`` of 8 threads with LIMITS_CLAIM_SECONDS ``period`` over no-op
+    jobs of a tenant capped at 2 and an uncapped one; every job done, the cap never
+    exceeded, and no wait for a poll. Returns the capped tenant's attempts' (started_at, finished_at) and the
+    uncapped tenant's job ids."""
+    limits.set_tenant_limits("capped", max_running=2)
+    capped_ids = pgqueue.enqueue_many("test.noop", [{}] * capped, tenant="capped")
+    free_ids = pgqueue.enqueue_many("test.noop", [{}] * free, tenant="free")
+    w = workers(
+        "--burst",
+        "--concurrency",
+        "8",
+        settings={"LIMITS_CLAIM_SECONDS": period, "POLL_SECONDS": 60, "MAINTENANCE_SECONDS": 60},
+    )
+    assert w.wait_exit(45) == 0  # never a poll's wait (60 s), however slow the machine
+    assert all_done(capped_ids) and all_done(free_ids)
+    spans = list(
+        JobAttempt.objects.filter(job_id__in=capped_ids).values_list("started_at", "finished_at")
+    )
+    assert len(spans) == capped and max_overlap(spans) <= 2
+    return spans, free_ids
+
+
 def test_a_burst_with_open_turns_drains_capped_and_uncapped_jobs_within_the_cap(workers):
     """With LIMITS_CLAIM_SECONDS long, nearly every turn of a worker running no-op jobs is
     an open one (uncapped jobs only; capped jobs' successes kept back); the capped
     tenant's jobs start in the limited claims between, or right after an open claim comes
     up short. A burst must still run every job, within the cap, without waiting for a
     poll once only capped jobs are left, and leave the counter at 0."""
-    limits.set_tenant_limits("capped", max_running=2)
-    capped = pgqueue.enqueue_many("test.noop", [{}] * 60, tenant="capped")
-    free = pgqueue.enqueue_many("test.noop", [{}] * 300, tenant="free")
-    w = workers(
-        "--burst",
-        "--concurrency",
-        "8",
-        settings={"LIMITS_CLAIM_SECONDS": 1.0, "POLL_SECONDS": 30, "MAINTENANCE_SECONDS": 30},
-    )
-    assert w.wait_exit(60) == 0
-    assert all_done(capped) and all_done(free)
-    spans = list(
-        JobAttempt.objects.filter(job_id__in=capped).values_list("started_at", "finished_at")
-    )
-    assert len(spans) == 60 and max_overlap(spans) <= 2
+    capped_burst(workers, 60, 300, period=1.0)
     assert Limit.objects.get(tenant="capped").running == 0
 
 
@@ -210,20 +219,6 @@ def test_a_capped_tenant_behind_its_share_starts_at_its_cap_not_once_a_period(wo
     two of them before then. A limited claim that fills the capped tenant's room while
     its jobs are among the best says so, and the next turn claims limited again: its jobs
     start as fast as its cap allows, alongside the other tenant's, within the cap."""
-    limits.set_tenant_limits("capped", max_running=2)
-    capped = pgqueue.enqueue_many("test.noop", [{}] * 40, tenant="capped")
-    free = pgqueue.enqueue_many("test.noop", [{}] * 3000, tenant="free")
-    w = workers(
-        "--burst",
-        "--concurrency",
-        "8",
-        settings={"LIMITS_CLAIM_SECONDS": 60.0, "POLL_SECONDS": 60, "MAINTENANCE_SECONDS": 60},
-    )
-    assert w.wait_exit(120) == 0
-    assert all_done(capped) and all_done(free)
+    spans, free = capped_burst(workers, 40, 3000, period=60.0)
     free_end = max(JobAttempt.objects.filter(job_id__in=free).values_list("finished_at", flat=True))
-    spans = list(
-        JobAttempt.objects.filter(job_id__in=capped).values_list("started_at", "finished_at")
-    )
-    assert max_overlap(spans) <= 2
     assert sum(1 for _, end in spans if end < free_end) >= 30
