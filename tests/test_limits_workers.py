@@ -182,8 +182,8 @@ def test_a_timed_out_job_of_a_capped_tenant_frees_its_slot(workers, tmp_path):
 def capped_burst(workers, capped: int, free: int, period: float) -> tuple[list, list]:
     """A ``runworker --burst`` of 8 threads with LIMITS_CLAIM_SECONDS ``period`` over no-op
     jobs of a tenant capped at 2 and an uncapped one; every job done, the cap never
-    exceeded, and no wait for a poll. Returns the capped tenant's attempts' (started_at, finished_at) and the
-    uncapped tenant's job ids."""
+    exceeded, and no wait for a poll. Returns the capped tenant's attempts'
+    (started_at, finished_at) and the uncapped tenant's job ids."""
     limits.set_tenant_limits("capped", max_running=2)
     capped_ids = pgqueue.enqueue_many("test.noop", [{}] * capped, tenant="capped")
     free_ids = pgqueue.enqueue_many("test.noop", [{}] * free, tenant="free")
