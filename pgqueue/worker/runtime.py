@@ -223,14 +223,12 @@ class WorkerLoop:
         # each row's counter) or, while the claims are plain, in JOB_COMPLETE_MANY. An open
         # turn (see worker/claiming.py) records the others and keeps those for later: for
         # the limited claim that follows it when it comes up short, or for a later turn.
-        limited = any(o.ctx.id in self.limited for o in self.pending)
-        fused = bool(want) and not failures and (self.claims.limited or not limited)
-        held = max((o.duration for o in self.pending if o.ctx.id in self.limited), default=0.0)
-        open_turn = fused and self.claims.open_turn(held)
+        counted = [o for o in self.pending if o.ctx.id in self.limited]
+        fused = bool(want) and not failures and (self.claims.limited or not counted)
+        open_turn = fused and self.claims.open_turn(max((o.duration for o in counted), default=0))
         submitted, kept = self.pending, []
         if open_turn:
-            submitted = [o for o in self.pending if o.ctx.id not in self.limited]
-            kept = [o for o in self.pending if o.ctx.id in self.limited]
+            submitted, kept = [o for o in self.pending if o.ctx.id not in self.limited], counted
         recorded: set[int] = set()
         claimed: list[store.ClaimedJob] = []
         atomic = contextlib.nullcontext() if fused else self.db.transaction()
@@ -239,10 +237,11 @@ class WorkerLoop:
                 if not fused:
                     recorded = self.recorder.record(cur, self.pending)
                 if open_turn:
-                    counted = [s for s in successes if s[0] in self.limited]
-                    opened = [s for s in successes if s[0] not in self.limited]
                     recorded_too, claimed, counted_too = self.claims.claim_open(
-                        cur, want, opened, counted
+                        cur,
+                        want,
+                        [s for s in successes if s[0] not in self.limited],
+                        [s for s in successes if s[0] in self.limited],
                     )
                     recorded |= recorded_too
                     if counted_too:
