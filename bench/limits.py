@@ -185,7 +185,8 @@ def _each_pair(rates: dict[str, list[float]], over: str = "none", of: str = "cap
     """The report's line of each round's ratio, ``of`` / ``over`` (caps / no limits)."""
     ratios = [c / n for n, c in zip(rates[over], rates[of], strict=True)]
     names = {"none": "no limits", "caps": "caps", "idle": "caps and idle capped tenants"}
-    return f"\neach round, {names[of]} / {names[over]}: " + " ".join(f"{r:.2f}" for r in ratios)
+    each = " ".join(f"{r:.2f}" for r in ratios)
+    return f"\neach round, {names[of]} / {names[over]}: {each} (median {median(ratios):.2f})"
 
 
 def statement_cost(runs: int, jobs: int = TURN_JOBS) -> dict[str, float]:
@@ -378,7 +379,7 @@ def chart(r: dict[str, Any], path: Path) -> None:
 
 def run(quick: bool, out_dir: Path) -> dict[str, Any]:
     exact_jobs, exact_runs = (300, 2) if quick else (2_000, 3)
-    cost_jobs, pairs = (5_000, 2) if quick else (20_000, 5)
+    cost_jobs, pairs = (5_000, 3) if quick else (20_000, 9)
     statement_runs = 200 if quick else 1_000
     pairs2 = 1 if quick else 5
     backlog = 50_000 if quick else 1_000_000
