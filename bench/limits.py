@@ -399,6 +399,9 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
 
     rates = cost_pairs(pairs, cost_jobs, variants=("none", "caps", "idle"))
     cost_ratio = median(rates["caps"]) / median(rates["none"])
+    # The same ratio taken round by round: a round's two runs are a minute apart at most,
+    # so this one is less exposed to the host's drift; the target must hold by both.
+    round_ratio = median([c / n for n, c in zip(rates["none"], rates["caps"], strict=True)])
     turn = statement_cost(statement_runs)
     # At the no-limit drain's rate a worker turns rate / TURN_JOBS times a second. The limited
     # claim runs once per LIMITS_CLAIM_SECONDS of them, and more often if the capped tenants
@@ -483,8 +486,9 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
     )
     report += _each_pair(rates) + _each_pair(rates, "caps", "idle")
     report += (
-        f"\ncaps / no limits: {cost_ratio:.2f} (target >= 0.9: "
-        f"{'met' if cost_ratio >= 0.9 else 'NOT met'}); {backlog:,}-job backlog / none: "
+        f"\ncaps / no limits: {cost_ratio:.2f}, the rounds' median {round_ratio:.2f} (target >= "
+        f"0.9: {'met' if min(cost_ratio, round_ratio) >= 0.9 else 'NOT met'} by both); "
+        f"{backlog:,}-job backlog / none: "
         f"{backlog_ratio:.2f} (target >= 0.9: {'met' if backlog_ratio >= 0.9 else 'NOT met'}); "
         f"{IDLE_CAPPED:,} idle capped tenants / caps alone: {idle_ratio:.2f} (target >= 0.9: "
         f"{'met' if idle_ratio >= 0.9 else 'NOT met'})"
@@ -561,6 +565,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             "caps_never_exceeded": exact_ok,
             "cost_jobs_per_s": rates,
             "cost_ratio": cost_ratio,
+            "cost_ratio_rounds_median": round_ratio,
             "turn_statement_us": turn,
             "cost_ratio_predicted_from_statement": predicted,
             "idle_capped_ratio": idle_ratio,
