@@ -181,9 +181,18 @@ def cost_pairs(
     return rates
 
 
+def _round_ratios(
+    rates: dict[str, list[float]], over: str = "none", of: str = "caps"
+) -> list[float]:
+    """Each round's ratio, ``of`` / ``over`` (caps / no limits): the two runs of a round are
+    seconds apart, so each ratio is less exposed to the host's drift than the ratio of the
+    medians."""
+    return [c / n for n, c in zip(rates[over], rates[of], strict=True)]
+
+
 def _each_pair(rates: dict[str, list[float]], over: str = "none", of: str = "caps") -> str:
     """The report's line of each round's ratio, ``of`` / ``over`` (caps / no limits)."""
-    ratios = [c / n for n, c in zip(rates[over], rates[of], strict=True)]
+    ratios = _round_ratios(rates, over, of)
     names = {"none": "no limits", "caps": "caps", "idle": "caps and idle capped tenants"}
     each = " ".join(f"{r:.2f}" for r in ratios)
     return f"\neach round, {names[of]} / {names[over]}: {each} (median {median(ratios):.2f})"
@@ -399,9 +408,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
 
     rates = cost_pairs(pairs, cost_jobs, variants=("none", "caps", "idle"))
     cost_ratio = median(rates["caps"]) / median(rates["none"])
-    # The same ratio taken round by round: a round's two runs are a minute apart at most,
-    # so this one is less exposed to the host's drift; the target must hold by both.
-    round_ratio = median([c / n for n, c in zip(rates["none"], rates["caps"], strict=True)])
+    round_ratio = median(_round_ratios(rates))  # the target must hold by both
     turn = statement_cost(statement_runs)
     # At the no-limit drain's rate a worker turns rate / TURN_JOBS times a second. The limited
     # claim runs once per LIMITS_CLAIM_SECONDS of them, and more often if the capped tenants
