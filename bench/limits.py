@@ -14,7 +14,10 @@
   steady-state turn statement (record 40 successes and claim 40) on one fixed state,
   plain, limited and open (the claim of the turns between two limited ones, see
   LIMITS_CLAIM_SECONDS) interleaved run by run, rolled back each time (statement_cost),
-  and the ratio those predict at the no-limit drain's rate.
+  and the ratio those predict at the no-limit drain's rate and the share of a drain's turns
+  that started capped jobs (each claim statement leases its jobs at one instant: its
+  distinct started_at), against the fewest claims that can start them (capped jobs /
+  capped slots).
   Then a huge backlog: one tenant at its cap (cap 1, its one running job a long sleep held
   by a worker of another queue) with N jobs queued behind the cap (one INSERT ... SELECT
   generate_series, gated), while 99 tenants' no-op jobs drain, against the same with
@@ -33,7 +36,7 @@ import bisect
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.common import median, query, reset_tables, scalar, table
 from bench.harness import run_burst, running_worker, start_worker, wait_for
@@ -147,8 +150,18 @@ def _drain_rate(exclude: str | None = None) -> float:
     return done / float(seconds)
 
 
-def cost_run(variant: str, jobs: int, processes: int = 1) -> float:
-    """jobs/s of ``jobs`` no-op jobs of TENANTS tenants, drained by one runworker --burst of
+class Drain(NamedTuple):
+    """One cost run: its jobs/s, and how many claim statements started its jobs (``turns``)
+    and how many of those started a capped tenant's job (``capped_turns``), counted from
+    the jobs' claim times: each statement leases its jobs at one instant of its own."""
+
+    rate: float
+    turns: int
+    capped_turns: int
+
+
+def cost_run(variant: str, jobs: int, processes: int = 1) -> Drain:
+    """``jobs`` no-op jobs of TENANTS tenants, drained by one runworker --burst of
     concurrency 8 in all (``processes`` processes of 8 / processes threads). ``variant``:
     "none" (no limit), "caps" (CAPPED_TENANTS of them capped at COST_CAP) or "idle" (the
     same, and IDLE_CAPPED more tenants capped at COST_CAP with nothing queued)."""
@@ -164,21 +177,34 @@ def cost_run(variant: str, jobs: int, processes: int = 1) -> float:
     left = scalar("SELECT count(*) FROM pgqueue_job WHERE status <> 'done'")
     if left:
         raise SystemExit(f"{left} jobs not done after the burst")
-    return _drain_rate()
+    ((turns, capped_turns),) = query(
+        "SELECT count(DISTINCT started_at), "
+        "count(DISTINCT started_at) FILTER (WHERE tenant = ANY(%s)) FROM pgqueue_job",
+        [names[:CAPPED_TENANTS]],
+    )
+    return Drain(_drain_rate(), turns, capped_turns)
 
 
 def cost_pairs(
     pairs: int, jobs: int, processes: int = 1, variants: tuple[str, ...] = ("none", "caps")
-) -> dict[str, list[float]]:
+) -> dict[str, list[Drain]]:
     """``pairs`` rounds of alternated cost runs (each of ``variants`` in turn, see cost_run)
-    at ``processes``: jobs/s of each."""
+    at ``processes``."""
     label = "" if processes == 1 else f"{processes} processes, "
-    rates: dict[str, list[float]] = {variant: [] for variant in variants}
+    runs: dict[str, list[Drain]] = {variant: [] for variant in variants}
     for _ in range(pairs):
         for variant in variants:
-            rates[variant].append(cost_run(variant, jobs, processes))
-            print(f"   cost, {label}{variant}: {rates[variant][-1]:,.0f} jobs/s", flush=True)
-    return rates
+            runs[variant].append(drain := cost_run(variant, jobs, processes))
+            print(
+                f"   cost, {label}{variant}: {drain.rate:,.0f} jobs/s, {drain.turns} turns, "
+                f"{drain.capped_turns} starting capped jobs",
+                flush=True,
+            )
+    return runs
+
+
+def _rates(runs: dict[str, list[Drain]]) -> dict[str, list[float]]:
+    return {variant: [d.rate for d in drains] for variant, drains in runs.items()}
 
 
 def _round_ratios(
@@ -406,20 +432,26 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             flush=True,
         )
 
-    rates = cost_pairs(pairs, cost_jobs, variants=("none", "caps", "idle"))
+    drains = cost_pairs(pairs, cost_jobs, variants=("none", "caps", "idle"))
+    rates = _rates(drains)
     cost_ratio = median(rates["caps"]) / median(rates["none"])
     round_ratio = median(_round_ratios(rates))  # the target must hold by both
     turn = statement_cost(statement_runs)
     # At the no-limit drain's rate a worker turns rate / TURN_JOBS times a second. The limited
     # claim runs once per LIMITS_CLAIM_SECONDS of them, and more often if the capped tenants
     # need it (each limited claim starts at most their slots, CAPPED_TENANTS * COST_CAP; the
-    # room-bound marker asks for the next one); the open one on the rest.
+    # room-bound marker asks for the next one); the open one on the rest. The share measured
+    # in the drains (the turns that started a capped job) is what the prediction uses.
     from pgqueue.conf import pgqueue_settings
 
     every = float(pgqueue_settings.LIMITS_CLAIM_SECONDS)
     period_share = 1.0 if every <= 0 else min(1.0, TURN_JOBS / (median(rates["none"]) * every))
     need_share = min(1.0, CAPPED_TENANTS / TENANTS * TURN_JOBS / (CAPPED_TENANTS * COST_CAP))
-    share = max(period_share, need_share)
+    capped_jobs = cost_jobs // TENANTS * CAPPED_TENANTS
+    fewest = math.ceil(capped_jobs / (CAPPED_TENANTS * COST_CAP))  # claims to start them all
+    capped_turns = median([d.capped_turns for d in drains["caps"]])
+    turns = median([d.turns for d in drains["caps"]])
+    share = median([d.capped_turns / d.turns for d in drains["caps"]])
     extra_per_job = (
         (share * (turn["limited"] - turn["plain"]) + (1 - share) * (turn["open"] - turn["plain"]))
         / TURN_JOBS
@@ -433,7 +465,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
     )
     idle_ratio = median(rates["idle"]) / median(rates["caps"])
     # The same mix with two worker processes, whose claims meet each other's locks.
-    rates2 = cost_pairs(pairs2, cost_jobs, processes=2)
+    rates2 = _rates(cost_pairs(pairs2, cost_jobs, processes=2))
     cost_ratio2 = median(rates2["caps"]) / median(rates2["none"])
 
     held: dict[str, list[dict[str, Any]]] = {"empty": [], "backlog": []}
@@ -512,7 +544,10 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         f"{every:g}, {period_share:.0%} of its turns are limited for the period, and "
         f"{need_share:.0%} at least for the capped tenants' share (their "
         f"{CAPPED_TENANTS / TENANTS:.0%} of {TURN_JOBS} jobs a turn in "
-        f"{CAPPED_TENANTS * COST_CAP} slots); at {share:.0%}: "
+        f"{CAPPED_TENANTS * COST_CAP} slots); in the drains with caps, {capped_turns:,.0f} of "
+        f"{turns:,.0f} turns started capped jobs (medians; at least {fewest:,} to start "
+        f"{capped_jobs:,} capped jobs {CAPPED_TENANTS * COST_CAP} at a time; a limited claim "
+        f"that started none is not counted); at that share, {share:.0%}: "
         f"{extra_per_job * 1e6:.1f} us more per job on its loop, which predicts caps / no "
         "limits = "
         f"{predicted:.2f} (target >= 0.9: {'met' if predicted >= 0.9 else 'NOT met'} by this "
@@ -575,6 +610,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             "cost_ratio_rounds_median": round_ratio,
             "turn_statement_us": turn,
             "cost_ratio_predicted_from_statement": predicted,
+            "cost_turns": {v: [[d.turns, d.capped_turns] for d in ds] for v, ds in drains.items()},
             "idle_capped_ratio": idle_ratio,
             "cost_jobs_per_s_2_processes": rates2,
             "cost_ratio_2_processes": cost_ratio2,
