@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import queue
 import re
 import threading
@@ -55,18 +56,46 @@ class HandlerOutcome:
     duration: float = 0.0
 
 
+#: What a handler may raise that ends its attempt (and nothing else). SystemExit and
+#: KeyboardInterrupt are a handler's outcome like any error: a handler thread is not the
+#: main thread, so neither can come from a signal there, and letting them through would
+#: end a thread of the worker (or its event loop) instead of the job.
+HANDLER_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
+
+logger = logging.getLogger("pgqueue.worker")
+
+
 class EventLoopThread:
-    """One asyncio event loop, run for ever on a thread of its own, for async handlers."""
+    """One asyncio event loop, run for ever on a thread of its own, for async handlers.
+
+    Handlers share it, so none may end it: a handler can stop the running loop
+    (``asyncio.get_running_loop().stop()``) or have SystemExit raised from a callback,
+    which asyncio lets out of ``run_forever``. Either would leave every other async job
+    awaiting for ever and the next one refused ("Event loop is closed"). So the loop runs
+    again at once whenever it stops without ``stop()`` having been called; its tasks are
+    untouched in between.
+    """
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self._stopping = False
         self.thread = threading.Thread(target=self._run, name="pgqueue-asyncio", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         try:
-            self.loop.run_forever()
+            while True:
+                try:
+                    self.loop.run_forever()
+                except (SystemExit, KeyboardInterrupt) as exc:  # raised by a handler's code
+                    logger.error(
+                        "event=event_loop_interrupted error=%r action=run_again",
+                        describe_error(exc),
+                    )
+                if self._stopping:
+                    break
+                logger.warning("event=event_loop_stopped_by_a_handler action=run_again")
         finally:
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.run_until_complete(self.loop.shutdown_default_executor())
@@ -77,6 +106,7 @@ class EventLoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def stop(self) -> None:
+        self._stopping = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
 
@@ -199,7 +229,10 @@ class JobExecutor:
             func = _handler_of(ctx.task)
             if func is not None and inspect.iscoroutinefunction(func):
                 ctx.started = True
-                return self._event_loop().submit(run_async_handler(ctx, func)).result()
+                ctx.future = future = self._event_loop().submit(run_async_handler(ctx, func))
+                if ctx.settled:  # the loop ended the attempt before the future was in hand
+                    future.cancel()
+                return future.result()
             return run_handler(ctx, self._await)
         except futures.CancelledError:
             return HandlerOutcome(ctx, ok=False, error="the handler was cancelled")
@@ -257,7 +290,7 @@ def run_handler(
             if await_ is not None and inspect.isawaitable(value):
                 value = await_(_in_job(ctx, value))
         _returned(outcome, value)
-    except Exception as exc:
+    except HANDLER_ERRORS as exc:
         _raised(outcome, exc)
     finally:
         outcome.duration = time.perf_counter() - started
@@ -278,11 +311,19 @@ async def run_async_handler(ctx: JobContext, func: Callable[..., Awaitable[Any]]
         with job_context(ctx):
             value = await func(ctx.payload, ctx)
         _returned(outcome, value)
-    except (Exception, asyncio.CancelledError) as exc:
+    except (*HANDLER_ERRORS, asyncio.CancelledError) as exc:
         _raised(outcome, exc)
     finally:
         outcome.duration = time.perf_counter() - started
     return outcome
+
+
+def cancel_coroutine(ctx: JobContext) -> None:
+    """The worker ended ``ctx``'s attempt (cancelled, timed out, lost): an ``async def``
+    handler's coroutine is cancelled, so its slot is free at once. A thread cannot be
+    cancelled; a plain handler learns it through ``job.cancelled`` and ``heartbeat()``."""
+    if ctx.future is not None:
+        ctx.future.cancel()
 
 
 async def _in_job(ctx: JobContext, awaitable: Awaitable[T]) -> T:

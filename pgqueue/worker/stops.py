@@ -5,7 +5,8 @@ waiting for the handler: a requested cancellation is recorded 'cancelled'
 (JOB_CANCEL_CONFIRM_MANY), a timeout a failed attempt "timed out after N s"
 (JOB_FAIL_MANY: retried with backoff, or dead). The handler is told through its context
 (``job.cancelled``; ``job.heartbeat()`` raises) and whatever it returns afterwards is
-discarded (the context is ``settled``). Its thread stays busy until it returns: a thread
+discarded (the context is ``settled``). An ``async def`` handler's coroutine is cancelled
+and its slot freed at once; a plain handler's thread stays busy until it returns: a thread
 cannot be killed, so the slot is not handed to another job before then.
 
 A cancel request reaches the worker by a notification on the wake-up channel
@@ -25,7 +26,7 @@ import psycopg
 from .. import stop_store
 from ..timeouts import timed_out_text
 from .context import JobContext
-from .executor import HandlerOutcome
+from .executor import HandlerOutcome, cancel_coroutine
 from .heartbeat import Heartbeats
 from .recorder import OutcomeRecorder
 
@@ -80,6 +81,7 @@ class JobStops:
             )
         for ctx in asked:
             ctx.settled = True  # recorded now, or recorded / lost before: nothing left to do
+            cancel_coroutine(ctx)
             logger.info(
                 "job=%d task=%s tenant=%s queue=%s attempt=%d event=cancel_requested via=%s "
                 "outcome=%s",
@@ -112,6 +114,7 @@ class JobStops:
         recorded = self.recorder.record_in_transaction(db, outcomes)
         for ctx in late:
             ctx.settled = True
+            cancel_coroutine(ctx)
             logger.warning(
                 "job=%d task=%s tenant=%s queue=%s attempt=%d event=timed_out timeout_s=%g "
                 "outcome=%s action=result_will_be_discarded",

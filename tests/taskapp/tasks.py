@@ -239,3 +239,39 @@ def slow_first(payload, job):
         time.sleep(payload["seconds"])
     _note(payload, "finished", str(job.attempt))
     return {"attempt": job.attempt}
+
+
+# -- handlers that try to break their worker (tests/test_async_handlers.py) -----------------
+
+
+@pgqueue.task(name="test.async_breaker")
+async def async_breaker(payload, job):
+    """Raise a BaseException that is not an Exception, or stop the event loop under
+    the other async jobs, as ``payload["how"]`` says."""
+    await asyncio.sleep(0)
+    how = payload["how"]
+    if how == "system_exit":
+        raise SystemExit(5)
+    if how == "keyboard_interrupt":
+        raise KeyboardInterrupt
+    if how == "stop_loop":
+        asyncio.get_running_loop().stop()
+        await asyncio.sleep(0.05)
+        return {"stopped": True}
+    if how == "exit_in_callback":  # from a task of its own, after the handler returned
+        asyncio.get_running_loop().call_soon(sys.exit, 7)
+        return {"scheduled": True}
+    raise AssertionError(f"unknown way {how!r}")
+
+
+@pgqueue.task(name="test.async_until_cancelled")
+async def async_until_cancelled(payload, job):
+    """Sleep on the event loop without ever looking at ``job.cancelled``; touch
+    ``<observed>.CancelledError`` when the worker cancels the coroutine."""
+    _mark_started(payload, job)
+    try:
+        await asyncio.sleep(payload.get("timeout", 30))
+    except asyncio.CancelledError:
+        _note(payload, "observed", "CancelledError")
+        raise
+    return {"ignored": True}
