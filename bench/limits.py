@@ -3,9 +3,10 @@
 - Exactness: three tenants capped at 2, 3 and 5 and two uncapped ones, 5 ms jobs
   (bench.sleep_ms), `manage.py runworker --processes 2 --concurrency 8` (16 threads, more
   than the caps together, so the caps bind). Each capped tenant's highest concurrency is
-  computed afterwards from its attempts' [started_at, finished_at] intervals by a sweep
-  line (a finish at the same instant as a start counts first), and, as a second measure,
-  sampled while it runs: its jobs in status 'running' in one snapshot, every 10 ms.
+  computed afterwards from its attempts' [claimed_at, finished_at] intervals (from the
+  claim to the handler's end: within the lease the cap counts) by a sweep line (a finish
+  at the same instant as a start counts first), and, as a second measure, sampled while it
+  runs: its jobs in status 'running' in one snapshot, every 10 ms.
 - Cost: no-op jobs of 100 tenants, equal shares, one `runworker --burst --concurrency 8`
   per run; with 10 of the tenants capped at 2 (their jobs 10% of all: 20 capped slots for
   8 threads, so the caps are never the bottleneck) against no limit at all, alternated
@@ -16,14 +17,15 @@
   LIMITS_CLAIM_SECONDS) interleaved run by run, rolled back each time (statement_cost),
   and the ratio those predict at the no-limit drain's rate and the share of a drain's turns
   that started capped jobs (each claim statement leases its jobs at one instant: its
-  distinct started_at), against the fewest claims that can start them (capped jobs /
+  distinct claimed_at), against the fewest claims that can start them (capped jobs /
   capped slots).
   Then a huge backlog: one tenant at its cap (cap 1, its one running job a long sleep held
   by a worker of another queue) with N jobs queued behind the cap (one INSERT ... SELECT
   generate_series, gated), while 99 tenants' no-op jobs drain, against the same with
   nothing queued behind the cap; alternated, medians.
 - Rate limit: one tenant limited to "50/s" with a 5,000-job no-op backlog, one worker of 8
-  threads for 10 s (quick: "20/s", 500 jobs, 5 s); starts from the attempts' started_at:
+  threads for 10 s (quick: "20/s", 500 jobs, 5 s); claims (what the limit governs: a
+  claimed job starts at most PREFETCH_HOLD_SECONDS later) from the attempts' claimed_at:
   per second, per 100 ms (the chart), and the most in any 1 s sliding window, against
   N + burst (burst = max(1, ceil(N / 10)), the bucket full when the limit is set).
 
@@ -123,7 +125,7 @@ def exactness_run(per_tenant: int) -> dict[str, Any]:
     result: dict[str, Any] = {"samples": samples, "seconds": round(elapsed, 2)}
     for tenant, cap in CAPS.items():
         intervals = _epochs(
-            "SELECT extract(epoch FROM a.started_at), extract(epoch FROM a.finished_at) "
+            "SELECT extract(epoch FROM a.claimed_at), extract(epoch FROM a.finished_at) "
             "FROM pgqueue_job_attempt a JOIN pgqueue_job j ON j.id = a.job_id "
             "WHERE j.tenant = %s",
             [tenant],
@@ -178,8 +180,8 @@ def cost_run(variant: str, jobs: int, processes: int = 1) -> Drain:
     if left:
         raise SystemExit(f"{left} jobs not done after the burst")
     ((turns, capped_turns),) = query(
-        "SELECT count(DISTINCT started_at), "
-        "count(DISTINCT started_at) FILTER (WHERE tenant = ANY(%s)) FROM pgqueue_job",
+        "SELECT count(DISTINCT claimed_at), "
+        "count(DISTINCT claimed_at) FILTER (WHERE tenant = ANY(%s)) FROM pgqueue_job",
         [names[:CAPPED_TENANTS]],
     )
     return Drain(_drain_rate(), turns, capped_turns)
@@ -354,8 +356,8 @@ def rate_run(count: int, jobs: int, seconds: float) -> dict[str, Any]:
     starts = sorted(
         s
         for (s,) in _epochs(
-            "SELECT extract(epoch FROM started_at) FROM pgqueue_job_attempt "
-            "WHERE started_at IS NOT NULL"
+            "SELECT extract(epoch FROM claimed_at) FROM pgqueue_job_attempt "
+            "WHERE claimed_at IS NOT NULL"
         )
     )
     burst = max(1, math.ceil(count / 10))
@@ -394,7 +396,7 @@ def chart(r: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("starts per 100 ms")
     ax.grid(True, alpha=0.3)
     right = ax.twinx()
-    right.plot([x + 0.1 for x in xs], window, color="tab:red", label="starts in the last 1 s")
+    right.plot([x + 0.1 for x in xs], window, color="tab:red", label="claims in the last 1 s")
     count = int(r["rate"].split("/")[0])
     right.axhline(count, color="grey", linestyle=":", linewidth=1, label=f"limit {r['rate']}")
     right.axhline(r["bound"], color="tab:red", linestyle="--", linewidth=1, label="limit + burst")
@@ -403,7 +405,7 @@ def chart(r: dict[str, Any], path: Path) -> None:
     lines, labels = ax.get_legend_handles_labels()
     more, more_labels = right.get_legend_handles_labels()
     ax.legend(lines + more, labels + more_labels, fontsize=8, loc="lower right")
-    ax.set_title(f"Rate limit {r['rate']}: starts of one tenant's backlog, 8 threads")
+    ax.set_title(f"Rate limit {r['rate']}: claims of one tenant's backlog, 8 threads")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -481,7 +483,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
 
     rated = rate_run(rate_count, rate_jobs, rate_s)
     print(
-        f"   rate {rated['rate']}: {rated['starts']} starts, max {rated['max_1s_window']} in"
+        f"   rate {rated['rate']}: {rated['starts']} claims, max {rated['max_1s_window']} in"
         f" a 1 s window (bound {rated['bound']})",
         flush=True,
     )
@@ -567,7 +569,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
     report += f"\ncaps / no limits, 2 processes: {cost_ratio2:.2f}"
     report += (
         f"\n\nRate limit {rated['rate']} ({rate_jobs:,} no-op jobs, 1 worker x 8 threads, "
-        f"{rate_s:.0f} s): {rated['starts']} starts; per second: "
+        f"{rate_s:.0f} s): {rated['starts']} claims; per second: "
         + " ".join(str(c) for c in rated["per_second"])
         + f"\nsteady rate after the first second: {rated['steady_per_s']:.1f}/s; most in any "
         f"1 s window: {rated['max_1s_window']} (bound N + burst = {rated['bound']}: "
@@ -577,9 +579,9 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         f"Exactness: {exact_jobs:,} jobs of 5 ms for each of 3 capped tenants (caps "
         f"{', '.join(map(str, CAPS.values()))}) and 2 uncapped ones, runworker --processes 2 "
         f"--concurrency 8, {exact_runs} runs; max from history = sweep line over the "
-        "attempts' [started_at, finished_at] (the claim's time once it holds its limit "
-        "rows, the recording statement's start), max sampled = its 'running' jobs in one "
-        "snapshot, every 10 ms. Cost: "
+        "attempts' [claimed_at, finished_at] (the claim's time once it holds its limit "
+        "rows, the handler's end: within the lease the cap counts), max sampled = its "
+        "'running' jobs in one snapshot, every 10 ms. Cost: "
         f"{cost_jobs:,} no-op jobs of {TENANTS} tenants in equal shares, one runworker --burst "
         f"--concurrency 8 per run, {CAPPED_TENANTS} tenants (10% of the jobs) capped at "
         f"{COST_CAP} against none, and the same with {IDLE_CAPPED:,} more tenants capped at "
@@ -596,7 +598,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         f"with {backlog:,} gated jobs queued behind its cap (INSERT ... SELECT "
         "generate_series), against nothing behind it, 2 alternated pairs, medians. Rate: "
         f"one tenant limited to {rated['rate']}, {rate_jobs:,} no-op jobs, one runworker "
-        f"--concurrency 8 for {rate_s:.0f} s; starts from the attempts' started_at."
+        f"--concurrency 8 for {rate_s:.0f} s; claims from the attempts' claimed_at."
     )
     return {
         "title": "Caps and rate limits",

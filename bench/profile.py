@@ -21,8 +21,9 @@ with the per-job INFO line (``-v 1``) and without (``-v 0``: the pgqueue loggers
 WARNING, as the other benchmarks run), and at concurrency 8 with PGQUEUE_BATCH_SIZE below
 the concurrency; jobs/s = jobs / (last finish - first start) from the jobs' timestamps,
 median of the repeats (interleaved), beside the pgbench commit ceiling measured in the
-same run; jobs per claim and per record count the distinct started_at and finished_at
-(each statement stamps its jobs with its transaction's now()).
+same run; jobs per claim and per record count the distinct claimed_at (each claim stamps
+its jobs with its transaction's now()) and the distinct transactions that last wrote the
+done rows (xmin: the recording's).
 
     python scripts/with_db.py -- python -m bench.profile [--quick]
 """
@@ -115,8 +116,8 @@ BLOCKING_LEAVES = {
 class Burst:
     jobs: int
     rate: float  # jobs/s from the jobs' own timestamps
-    claims: int  # claim statements: distinct started_at (now() of the claiming transaction)
-    records: int  # completion statements: distinct finished_at
+    claims: int  # claim statements: distinct claimed_at (now() of the claiming transaction)
+    records: int  # completion statements: distinct xmin of the done rows
     cpu: float  # user + sys seconds of the worker process, start-up included
     wall: float  # seconds from start to exit
 
@@ -135,8 +136,9 @@ def _fill(jobs: int) -> None:
 
 
 def _rate(expected: int) -> tuple[float, int, int]:
-    """jobs/s, and how many claim and completion statements ran them: each statement
-    stamps its jobs with its own transaction's now()."""
+    """jobs/s, and how many claim and completion statements ran them: each claim stamps
+    its jobs with its own transaction's now(), each recording writes them in its own
+    transaction (their xmin)."""
     from django.db import connection
 
     if not expected:
@@ -145,7 +147,7 @@ def _rate(expected: int) -> tuple[float, int, int]:
         cur.execute(
             "SELECT count(*) FILTER (WHERE status = 'done'), "
             "extract(epoch FROM max(finished_at) - min(started_at)), "
-            "count(DISTINCT started_at), count(DISTINCT finished_at) FROM pgqueue_job"
+            "count(DISTINCT claimed_at), count(DISTINCT xmin::text) FROM pgqueue_job"
         )
         done, seconds, claims, records = cur.fetchone()
     if done != expected:

@@ -191,6 +191,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("CONNECT_ATTEMPTS", 1, True),
         ("PREFETCH", 0, True),
         ("PREFETCH_SECONDS", 0, False),
+        ("PREFETCH_HOLD_SECONDS", 0.001, False),
         ("PRUNE_BATCH_SIZE", 1, True),
         ("PRUNE_BATCHES_PER_PASS", 1, True),
         ("UNKNOWN_TASK_DELAY_SECONDS", 0, False),

@@ -43,7 +43,7 @@ class ClaimedJob:
     max_attempts: int
     lease_expires_at: dt.datetime
     vtime: float
-    timeout: float | None = None  # seconds from the claim (pgqueue.timeouts)
+    timeout: float | None = None  # seconds from the handler's start (pgqueue.timeouts)
     #: The pgqueue_limit rows it is counted in (None: none); its exit must decrement them.
     limit_ids: list[int] | None = None
 
@@ -64,11 +64,29 @@ def lease(lease_seconds: float | None) -> float:
     return float(pgqueue_settings.LEASE_SECONDS if lease_seconds is None else lease_seconds)
 
 
-def complete_params(results: Sequence[tuple[int, int, str | None]]) -> dict[str, Any]:
+class Success(NamedTuple):
+    """A success to record: the job, the attempt that ran, its result (JSON text or None)
+    and when its handler began and ended, in the database's clock (``worker.clock``).
+    Without the times (a caller that ran no handler) the attempt is recorded as running
+    from its claim until the statement."""
+
+    id: int
+    attempt: int
+    result: str | None
+    started: dt.datetime | None = None
+    finished: dt.datetime | None = None
+
+
+def complete_params(results: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """The completion's arrays; each of ``results`` is a ``Success`` or a tuple of its
+    first fields (``(id, attempt, result)``)."""
+    rows = [Success(*r) for r in results]
     return {
-        "ids": [r[0] for r in results],
-        "attempts": [r[1] for r in results],
-        "results": [r[2] for r in results],
+        "ids": [r.id for r in rows],
+        "attempts": [r.attempt for r in rows],
+        "results": [r.result for r in rows],
+        "started": [r.started for r in rows],
+        "finished": [r.finished for r in rows],
     }
 
 
@@ -134,7 +152,7 @@ def claim_once(
     queues: Sequence[str],
     limit: int,
     limited: bool,
-    results: Sequence[tuple[int, int, str | None]] = (),
+    results: Sequence[Sequence[Any]] = (),
     lease_seconds: float | None = None,
     now: dt.datetime | None = None,
     open_: bool = False,
@@ -193,7 +211,7 @@ def complete_and_claim(
     cursor: Any,
     *,
     worker: str,
-    results: Sequence[tuple[int, int, str | None]],
+    results: Sequence[Sequence[Any]],
     queues: Sequence[str],
     limit: int,
     lease_seconds: float | None = None,

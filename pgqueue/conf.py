@@ -32,9 +32,10 @@ DEFAULTS: dict[str, Any] = {
     "DEFAULT_MAX_ATTEMPTS": 5,
     "DEFAULT_QUEUE": "default",
     "DEFAULT_TENANT": "default",
-    # Seconds one attempt of a job may run, counted from its claim, when neither the
-    # enqueue nor the task says; None: no timeout. Past it the attempt fails ("timed out
-    # after N s") and is retried or dead; the handler's thread stays busy until it returns.
+    # Seconds one attempt of a job may run, counted from its handler's start, when neither
+    # the enqueue nor the task says; None: no timeout. Past it the attempt fails ("timed
+    # out after N s") and is retried or dead; the handler's thread stays busy until it
+    # returns. A job waiting for a thread (claimed ahead) cannot time out.
     "DEFAULT_TIMEOUT_SECONDS": None,
     # The largest timeout an enqueue, a task or the setting above may give, in seconds.
     "MAX_TIMEOUT_SECONDS": 24 * 3600.0,
@@ -86,14 +87,20 @@ DEFAULTS: dict[str, Any] = {
     # with Retry-After until the window moves on, and no key is looked up. None: no limit.
     "AUTH_FAILURE_RATE": "20/min",
     # Most jobs a worker process claims beyond its idle slots (runworker --prefetch). They
-    # wait, leased and heartbeated, for a slot, so that a turn of the loop records and
-    # claims for many jobs while the handlers run; a stopping worker gives them back
-    # unstarted. The worker claims ahead only what its threads run in PREFETCH_SECONDS at
-    # the jobs' recent mean run time (at least one; all of PREFETCH until a job has
-    # finished), so the look-ahead adds about that much to the wait of other tenants' jobs
-    # whatever the jobs' length (pgqueue/worker/lookahead.py).
+    # wait, leased and heartbeated but not started, for a thread, so that a turn of the
+    # loop records and claims for many jobs while the handlers run; a stopping worker
+    # gives them back. The worker claims ahead only what its threads start in
+    # PREFETCH_SECONDS at the jobs' recent mean run time (none when jobs are longer than
+    # that; one per thread until a job has finished), counting only the threads not on a
+    # job that has run PREFETCH_HOLD_SECONDS or longer (pgqueue/worker/lookahead.py).
     "PREFETCH": 32,
     "PREFETCH_SECONDS": 0.005,
+    # Longest a job claimed ahead waits for a thread: past it, the worker gives back every
+    # job it holds unstarted (queued again at its place, the attempt not counted, its limit
+    # slots returned, the queue's workers woken) and claims none ahead until a thread is
+    # free. So a job never waits longer than this in a busy worker while another could
+    # run it.
+    "PREFETCH_HOLD_SECONDS": 0.05,
     # Periodic schedules declared in settings, besides those of @pgqueue.periodic: dicts
     # with "cron" and "task", and optionally "name" (default: the task's), "tenant",
     # "queue", "priority", "max_attempts", "payload", "missed" ("run_once" or "skip") and

@@ -155,9 +155,14 @@ class Job(models.Model):
     last_error = models.TextField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
+    # The latest attempt's times: when a worker claimed it (the database's clock), and when
+    # its handler began and ended (taken by the worker, carried with the outcome; a running
+    # job's start is written by its worker's heartbeat). See pgqueue.worker.clock.
+    claimed_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    # Seconds an attempt may run from its claim (NULL: no limit); see pgqueue.timeouts.
+    # Seconds an attempt may run from its handler's start (NULL: no limit); see
+    # pgqueue.timeouts.
     timeout_seconds = models.FloatField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)  # running: asked to stop
     # Queued behind a tenant's limits (pgqueue.limits): out of the claim index.
@@ -266,6 +271,10 @@ class JobAttempt(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="history")
     attempt = models.IntegerField()
     worker = models.CharField(max_length=NAME_MAX * 2)
+    # When the worker claimed the job for this attempt; when its handler began (NULL: it
+    # never did, or no worker saw it begin before the lease ran out) and ended (for an
+    # attempt the worker or maintenance ended first: when it was ended).
+    claimed_at = models.DateTimeField(null=True)
     started_at = models.DateTimeField(null=True)
     finished_at = models.DateTimeField(db_default=Now())
     outcome = models.CharField(max_length=16, choices=Outcome.choices)

@@ -17,6 +17,12 @@ Conventions:
   way out), so the same statements work on Django's connection and on a bare psycopg one.
 - Every write a worker makes to a job it claimed (complete, fail, heartbeat) is fenced:
   ``status = 'running' AND lease_owner = <worker> AND attempts = <the attempt it claimed>``.
+- Three times mark an attempt: ``claimed_at`` (the claim's, in the database's clock),
+  ``started_at`` and ``finished_at`` (when its handler began and ended). The worker takes
+  the last two and carries them with the outcome (``%(started)s``, ``%(finished)s``), in
+  the database's clock (``pgqueue.worker.clock``); a statement never writes a start before
+  the claim (``GREATEST(j.claimed_at, ...)``, which is also the claim when no start is
+  given: a caller that ran no handler).
 """
 
 from __future__ import annotations
@@ -55,15 +61,22 @@ BACKOFF = (
 )
 
 
-def _retry_or_dead(out: str) -> str:
-    """The SET clauses of a failed attempt of job ``j``: dead (finished now) when ``out``
-    (SQL: no retry, e.g. out of attempts) holds, else scheduled after a full-jitter
-    backoff from now. Shared by JOB_FAIL_MANY, JOB_REAP_EXPIRED and JOB_REAP_TIMED_OUT."""
+def _retry_or_dead(out: str, ended: str = NOW) -> str:
+    """The SET clauses of a failed attempt of job ``j``: dead (finished at ``ended``, SQL)
+    when ``out`` (SQL: no retry, e.g. out of attempts) holds, else scheduled after a
+    full-jitter backoff from now. Shared by JOB_FAIL_MANY, JOB_REAP_EXPIRED and
+    JOB_REAP_TIMED_OUT."""
     return f"""status = CASE WHEN {out} THEN 'dead' ELSE 'scheduled' END,
            run_at = CASE WHEN {out} THEN j.run_at
                          ELSE {NOW} + {BACKOFF.format(attempts="j.attempts")}
                               * interval '1 second' END,
-           finished_at = CASE WHEN {out} THEN {NOW} END"""
+           finished_at = CASE WHEN {out} THEN {ended} END"""
+
+
+def _began(given: str) -> str:
+    """SQL: the start of job ``j``'s handler, ``given`` (a timestamptz the worker carried),
+    never before the claim; NULL when none was given (the handler has not begun)."""
+    return f"CASE WHEN {given} IS NOT NULL THEN GREATEST(j.claimed_at, {given}) END"
 
 
 # Creates the tenant if new, inside JOB_ENQUEUE, JOB_ENQUEUE_SCHEDULED and QUEUE_WEIGHT_SET.
@@ -662,7 +675,7 @@ claimed AS (
            attempts = j.attempts + 1,
            lease_owner = %(worker)s,
            lease_expires_at = {NOW} + %(lease)s * interval '1 second',
-           started_at = {NOW},
+           claimed_at = {NOW}, started_at = NULL,
            limit_ids = NULL
      WHERE j.id = ANY(ARRAY(SELECT id FROM picked))  -- {BY_ID}
     RETURNING j.id, j.task, j.payload::text AS payload, j.tenant, j.queue, j.priority,
@@ -674,12 +687,12 @@ claimed AS (
 # The limited claim's last CTEs: lease the ``final`` jobs, each recording the limit rows
 # it was counted in, and gate the stale ones it met, in one UPDATE (each UPDATE of
 # pgqueue_job costs its executor set-up, even with no row to change). The jobs' claim time
-# (``started_at``, the lease's start) is taken once the statement holds its limit rows
-# (``claimed_at``), not at its start (now()): a statement that waited for an exit's lock
-# on a row and then took the slot that exit freed would otherwise show its job started
+# (``claimed_at``, the lease's start) is taken once the statement holds its limit rows
+# (``claim_time``), not at its start (now()): a statement that waited for an exit's lock
+# on a row and then took the slot that exit freed would otherwise show its job claimed
 # before the exit, an overlap the counter never had, in the attempt history.
 _CLAIM_UPDATE = f"""
-claimed_at AS MATERIALIZED (
+claim_time AS MATERIALIZED (
     SELECT COALESCE(%(now)s::timestamptz, clock_timestamp()) AS at
       FROM (SELECT count(*) FROM row_lock) locked  -- after the limit rows' locks
 ),
@@ -694,10 +707,11 @@ leased AS (
            attempts = j.attempts + t.run::int,
            lease_owner = CASE WHEN t.run THEN %(worker)s ELSE j.lease_owner END,
            lease_expires_at = CASE WHEN t.run
-                                   THEN (SELECT at FROM claimed_at)
+                                   THEN (SELECT at FROM claim_time)
                                         + %(lease)s * interval '1 second'
                                    ELSE j.lease_expires_at END,
-           started_at = CASE WHEN t.run THEN (SELECT at FROM claimed_at) ELSE j.started_at END,
+           claimed_at = CASE WHEN t.run THEN (SELECT at FROM claim_time) ELSE j.claimed_at END,
+           started_at = CASE WHEN t.run THEN NULL ELSE j.started_at END,
            limit_ids = CASE WHEN t.run THEN t.ids ELSE j.limit_ids END,
            gated = j.gated OR NOT t.run
       FROM touched t
@@ -887,16 +901,19 @@ def _complete(after: str = "") -> str:
 done AS (
     UPDATE pgqueue_job j
        SET status = 'done', result = (%(results)s::text[])[{at}]::jsonb,
-           finished_at = {NOW}, lease_expires_at = NULL
+           started_at = GREATEST(j.claimed_at, (%(started)s::timestamptz[])[{at}]),
+           finished_at = COALESCE((%(finished)s::timestamptz[])[{at}], {NOW}),
+           lease_expires_at = NULL
      WHERE j.id = ANY(%(ids)s::bigint[])  -- {BY_ID}
        AND j.attempts = (%(attempts)s::int[])[{at}]
        AND j.status = 'running' AND j.lease_owner = %(worker)s
        AND j.cancel_requested_at IS NULL  -- a cancel request committed first wins{first}
-    RETURNING j.id, j.attempts, j.started_at, j.limit_ids
+    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, j.finished_at, j.limit_ids
 ),
 done_history AS (
-    INSERT INTO pgqueue_job_attempt (job_id, attempt, worker, started_at, finished_at, outcome)
-    SELECT id, attempts, %(worker)s, started_at, {NOW}, 'done' FROM done
+    INSERT INTO pgqueue_job_attempt
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome)
+    SELECT id, attempts, %(worker)s, claimed_at, started_at, finished_at, 'done' FROM done
 )"""
 
 
@@ -1125,25 +1142,31 @@ JOB_COMPLETE_AND_CLAIM_LIMITED_MANY_QUEUES = (
 #   JOB_CLAIM, in one transaction).
 JOB_FAIL_MANY = f"""
 WITH input AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[],
-                         %(tracebacks)s::text[], %(permanent)s::bool[])
-        AS i(id, attempt, error, tb, permanent)
+    SELECT i.*, COALESCE(i.finished, {NOW}) AS ended
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[],
+                  %(tracebacks)s::text[], %(permanent)s::bool[], %(started)s::timestamptz[],
+                  %(finished)s::timestamptz[])
+        AS i(id, attempt, error, tb, permanent, started, finished)
 ),
 failed AS (
     UPDATE pgqueue_job j
-       SET {_retry_or_dead("(i.permanent OR j.attempts >= j.max_attempts)")},
+       SET {_retry_or_dead("(i.permanent OR j.attempts >= j.max_attempts)", "i.ended")},
+           started_at = GREATEST(j.claimed_at, i.started),
            last_error = i.error,
            lease_expires_at = NULL
       FROM input i
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
        AND j.cancel_requested_at IS NULL  -- a cancel request committed first wins
-    RETURNING j.id, j.attempts, j.started_at, j.status, j.run_at, i.error, i.tb, j.limit_ids
+    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, i.ended, j.status, j.run_at,
+              i.error, i.tb, j.limit_ids
 ),{_uncount("failed")},
 history AS (
     INSERT INTO pgqueue_job_attempt
-           (job_id, attempt, worker, started_at, finished_at, outcome, error, traceback)
-    SELECT id, attempts, %(worker)s, started_at, {NOW}, 'failed', error, tb FROM failed
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error,
+            traceback)
+    SELECT id, attempts, %(worker)s, claimed_at, started_at, ended, 'failed', error, tb
+      FROM failed
 )
 SELECT id, status, run_at FROM failed
 """
@@ -1153,7 +1176,9 @@ SELECT id, status, run_at FROM failed
 # statement, and mark the worker seen. Fenced: a job not returned was lost (reaped and
 # possibly claimed again) and its handler must not record a result. Each job returned
 # says whether its cancellation was requested (JOB_CANCEL_REQUEST_MANY): how the worker
-# learns it within a heartbeat when the notification was missed.
+# learns it within a heartbeat when the notification was missed. A job whose handler has
+# begun gets its started_at (%(started)s; NULL for one waiting for a thread), so a
+# running job shows when it started before its outcome is recorded.
 # Locks: the matched job rows and the worker's registry row, until the caller's
 #   transaction ends (autocommit: at once).
 # Indexes: pgqueue_job_pkey (PK lookups; pgqueue_job_lease is updated), pgqueue_worker_pkey.
@@ -1161,8 +1186,10 @@ SELECT id, status, run_at FROM failed
 JOB_HEARTBEAT_MANY = f"""
 WITH seen AS (UPDATE pgqueue_worker SET last_seen_at = {NOW} WHERE id = %(worker)s)
 UPDATE pgqueue_job j
-   SET lease_expires_at = {NOW} + %(lease)s * interval '1 second'
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
+   SET lease_expires_at = {NOW} + %(lease)s * interval '1 second',
+       started_at = COALESCE(j.started_at, {_began("i.started")})
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(started)s::timestamptz[])
+           AS i(id, attempt, started)
  WHERE j.id = i.id AND j.attempts = i.attempt
    AND j.status = 'running' AND j.lease_owner = %(worker)s
 RETURNING j.id, j.cancel_requested_at IS NOT NULL
@@ -1181,7 +1208,7 @@ JOB_RELEASE_MANY = f"""
 WITH released AS (
     UPDATE pgqueue_job j
        SET status = 'queued', attempts = j.attempts - 1, lease_owner = NULL,
-           lease_expires_at = NULL, started_at = NULL,
+           lease_expires_at = NULL, claimed_at = NULL, started_at = NULL,
            gated = {_gated("j.tenant", "j.queue")}
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
      WHERE j.id = i.id AND j.attempts = i.attempt
@@ -1212,7 +1239,7 @@ WITH given AS (
                          THEN {NOW} + %(delay)s::float8 * interval '1 second'
                          ELSE j.run_at END,
            attempts = j.attempts - 1, lease_owner = NULL, lease_expires_at = NULL,
-           started_at = NULL, gated = {_gated("j.tenant", "j.queue")}
+           claimed_at = NULL, started_at = NULL, gated = {_gated("j.tenant", "j.queue")}
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
@@ -1247,13 +1274,14 @@ reaped AS (
            lease_expires_at = NULL
       FROM expired e
      WHERE j.id = e.id
-    RETURNING j.id, j.attempts, j.started_at, j.status, j.last_error, e.lease_owner,
-              j.limit_ids
+    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, j.status, j.last_error,
+              e.lease_owner, j.limit_ids
 ),{_uncount("reaped")},
 history AS (
     INSERT INTO pgqueue_job_attempt
-           (job_id, attempt, worker, started_at, finished_at, outcome, error)
-    SELECT id, attempts, lease_owner, started_at, {NOW}, 'lease_expired', last_error
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error)
+    SELECT id, attempts, lease_owner, claimed_at, started_at, {NOW}, 'lease_expired',
+           last_error
       FROM reaped
 )
 SELECT id, status FROM reaped
@@ -1498,7 +1526,8 @@ SELECT id, pg_notify(%(channel)s, 'cancel:' || lease_owner) IS NULL FROM asked
 
 # -- name: JOB_CANCEL_CONFIRM_MANY
 # The worker holding jobs whose cancellation was requested ends their attempt: status
-# 'cancelled', one attempt row each with outcome 'cancelled', all stamped %(now)s. Fenced
+# 'cancelled', one attempt row each with outcome 'cancelled', all stamped %(now)s (and the
+# handler's start, %(started)s, when it had begun). Fenced
 # like a completion (owner, attempt, running) and on the request itself: a job not
 # returned had been recorded (its completion committed before the request) or lost.
 # Whatever the handler returns afterwards is discarded (its completion no longer matches).
@@ -1510,17 +1539,20 @@ SELECT id, pg_notify(%(channel)s, 'cancel:' || lease_owner) IS NULL FROM asked
 JOB_CANCEL_CONFIRM_MANY = f"""
 WITH stopped AS (
     UPDATE pgqueue_job j
-       SET status = 'cancelled', finished_at = {NOW}, lease_expires_at = NULL
-      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
+       SET status = 'cancelled', finished_at = {NOW}, lease_expires_at = NULL,
+           started_at = COALESCE({_began("i.started")}, j.started_at)
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(started)s::timestamptz[])
+           AS i(id, attempt, started)
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
        AND j.cancel_requested_at IS NOT NULL
-    RETURNING j.id, j.attempts, j.started_at, j.limit_ids
+    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, j.limit_ids
 ),{_uncount("stopped")},
 history AS (
     INSERT INTO pgqueue_job_attempt
-           (job_id, attempt, worker, started_at, finished_at, outcome, error)
-    SELECT id, attempts, %(worker)s, started_at, {NOW}, 'cancelled', 'cancelled on request'
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error)
+    SELECT id, attempts, %(worker)s, claimed_at, started_at, {NOW}, 'cancelled',
+           'cancelled on request'
       FROM stopped
 )
 SELECT id FROM stopped
@@ -1550,12 +1582,12 @@ stopped AS (
        SET status = 'cancelled', finished_at = {NOW}, lease_expires_at = NULL
       FROM expired e
      WHERE j.id = e.id
-    RETURNING j.id, j.attempts, j.started_at, e.lease_owner, j.limit_ids
+    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, e.lease_owner, j.limit_ids
 ),{_uncount("stopped")},
 history AS (
     INSERT INTO pgqueue_job_attempt
-           (job_id, attempt, worker, started_at, finished_at, outcome, error)
-    SELECT id, attempts, lease_owner, started_at, {NOW}, 'cancelled',
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error)
+    SELECT id, attempts, lease_owner, claimed_at, started_at, {NOW}, 'cancelled',
            'cancelled on request (the lease ran out before the worker recorded it)'
       FROM stopped
 )
@@ -1564,8 +1596,10 @@ SELECT id FROM stopped
 
 # -- name: JOB_REAP_TIMED_OUT
 # The backstop of timeouts: a running job still held %(grace)s seconds past its deadline
-# (started_at + timeout_seconds, the claim's moment) was not recorded by its worker (one
-# of a release that does not enforce timeouts, or stuck while its heartbeats go on). It
+# (started_at + timeout_seconds: from its handler's start, which the worker's heartbeat
+# writes; a job whose start is not known has no deadline here) was not recorded by its
+# worker (one of a release that does not enforce timeouts, or stuck while its heartbeats
+# go on). It
 # fails as the worker would have failed it: "timed out after N s", scheduled again with
 # backoff or dead when out of attempts, one 'failed' attempt row. The worker's late
 # outcome is fenced out (the job is no longer running). Jobs asked to stop are left to the
@@ -1581,6 +1615,7 @@ WITH late AS MATERIALIZED (
       FROM pgqueue_job
      WHERE status = 'running' AND timeout_seconds IS NOT NULL
        AND cancel_requested_at IS NULL
+       AND started_at IS NOT NULL
        AND started_at + (timeout_seconds + %(grace)s) * interval '1 second' < {NOW}
      ORDER BY lease_expires_at
      LIMIT %(limit)s
@@ -1592,12 +1627,14 @@ failed AS (
            last_error = l.error, lease_expires_at = NULL
       FROM late l
      WHERE j.id = l.id
-    RETURNING j.id, j.attempts, j.started_at, j.status, l.error, l.lease_owner, j.limit_ids
+    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, j.status, l.error,
+              l.lease_owner, j.limit_ids
 ),{_uncount("failed")},
 history AS (
     INSERT INTO pgqueue_job_attempt
-           (job_id, attempt, worker, started_at, finished_at, outcome, error)
-    SELECT id, attempts, lease_owner, started_at, {NOW}, 'failed', error FROM failed
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error)
+    SELECT id, attempts, lease_owner, claimed_at, started_at, {NOW}, 'failed', error
+      FROM failed
 )
 SELECT id, status FROM failed
 """
@@ -1614,7 +1651,7 @@ JOB_RETRY_MANY = """
 UPDATE pgqueue_job
    SET status = 'scheduled', attempts = 0, vtime = NULL, result = NULL,
        run_at = GREATEST(run_at, now()), lease_owner = NULL, lease_expires_at = NULL,
-       finished_at = NULL, cancel_requested_at = NULL
+       claimed_at = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL
  WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('dead', 'cancelled')
 RETURNING id, run_at <= now() AS due
 """
@@ -1689,6 +1726,15 @@ ON CONFLICT (id) DO UPDATE
    SET last_seen_at = now(), stopped_at = NULL, queues = EXCLUDED.queues,
        tasks = EXCLUDED.tasks, concurrency = EXCLUDED.concurrency
 """
+
+# -- name: DATABASE_CLOCK_READ
+# The database server's clock now (clock_timestamp(): not the transaction's start). A worker
+# reads it, timing the round trip on its monotonic clock, to give the handler times it
+# carries in the database's clock (pgqueue.worker.clock).
+# Locks: nothing. Index: none (no table).
+# Called by: store.database_clock, from the worker runtime when it connects and at each
+#   heartbeat round.
+DATABASE_CLOCK_READ = "SELECT clock_timestamp()"
 
 # -- name: WORKER_STOP
 # A worker marks itself stopped on a clean exit; a killed one just stops being seen.
@@ -1765,7 +1811,8 @@ bound AS MATERIALIZED (
 ),
 fresh AS MATERIALIZED (
     SELECT a.id, j.task, a.outcome,
-           GREATEST(extract(epoch FROM a.finished_at - a.started_at)::float8, 0) AS secs
+           COALESCE(GREATEST(extract(epoch FROM a.finished_at - a.started_at)::float8, 0), 0)
+               AS secs  -- the handler's run time; 0 when it was never seen to start
       FROM pgqueue_job_attempt a
       JOIN pgqueue_job j ON j.id = a.job_id
      WHERE a.id > (SELECT mark FROM bound)
@@ -1802,7 +1849,8 @@ RETURNING (SELECT count(*) FROM fresh)
 
 # -- name: FAIR_CLOCK_CORRECT
 # With FAIRNESS = "time": move each tenant's clock by the error of the run-time charges of
-# its settled attempts, sum((actual - charge) / weight), so that its later jobs pay for
+# its settled attempts, sum((actual - charge) / weight) (actual: the handler's run time; an
+# attempt whose handler was never seen to start is passed over), so that its later jobs pay for
 # what its earlier ones cost beyond (or below) their estimate. Attempts are read like
 # TASK_STAT_FOLD's (settled, id order, at most %(limit)s) from a mark of their own
 # (pgqueue_stat_mark row 2); jobs without a charge (made runnable by jobs) are passed over.

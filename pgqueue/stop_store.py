@@ -6,7 +6,7 @@ round trip per function, on the caller's cursor and transaction.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import sql, store
@@ -36,15 +36,19 @@ def confirm_cancel_many(
     worker: str,
     held: Sequence[tuple[int, int]],
     now: dt.datetime | None = None,
+    started: Mapping[int, dt.datetime] | None = None,
 ) -> set[int]:
     """End the attempts of held jobs asked to stop (JOB_CANCEL_CONFIRM_MANY); returns the
-    ids cancelled (the others had been recorded first, or were lost)."""
+    ids cancelled (the others had been recorded first, or were lost). ``started``: the
+    start of each job whose handler had begun."""
+    started = started or {}
     cursor.execute(
         sql.JOB_CANCEL_CONFIRM_MANY,
         {
             "worker": worker,
             "ids": [h[0] for h in held],
             "attempts": [h[1] for h in held],
+            "started": [started.get(h[0]) for h in held],
             "now": now,
         },
     )

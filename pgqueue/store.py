@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from . import sql
-from .claim_store import ClaimedJob, claim, complete_and_claim  # noqa: F401 (the claims)
+from .claim_store import ClaimedJob, Success, claim, complete_and_claim  # noqa: F401
 from .claim_store import complete_params as _complete_params
 from .claim_store import lease as _lease
 from .conf import pgqueue_settings
@@ -23,11 +23,15 @@ from .fairness import fifo_param, statement
 
 @dataclass(frozen=True, slots=True)
 class Failure:
+    """A failed attempt to record; ``started`` and ``finished`` as in ``Success``."""
+
     id: int
     attempt: int
     error: str
     traceback: str | None = None
     permanent: bool = False
+    started: dt.datetime | None = None
+    finished: dt.datetime | None = None
 
 
 def _ids(rows: Iterable[Sequence[Any]]) -> list[int]:
@@ -107,10 +111,11 @@ def complete_many(
     cursor: Any,
     *,
     worker: str,
-    results: Sequence[tuple[int, int, str | None]],
+    results: Sequence[Sequence[Any]],
     now: dt.datetime | None = None,
 ) -> set[int]:
-    """Record successes: ``(job id, attempt, result as JSON text or None)`` each.
+    """Record successes: a ``Success``, or ``(job id, attempt, result as JSON text or
+    None)``, each.
 
     Returns the ids recorded; the others had lost their lease (fenced out).
     """
@@ -136,6 +141,8 @@ def fail_many(
             "errors": [f.error for f in failures],
             "tracebacks": [f.traceback for f in failures],
             "permanent": [f.permanent for f in failures],
+            "started": [f.started for f in failures],
+            "finished": [f.finished for f in failures],
             "backoff_base": float(pgqueue_settings.BACKOFF_BASE),
             "backoff_cap": float(pgqueue_settings.BACKOFF_CAP),
         },
@@ -150,16 +157,20 @@ def heartbeat_flags(
     held: Sequence[tuple[int, int]],
     lease_seconds: float | None = None,
     now: dt.datetime | None = None,
+    started: Mapping[int, dt.datetime] | None = None,
 ) -> dict[int, bool]:
     """Extend the leases of ``(job id, attempt)`` pairs to ``now`` + the lease
     (JOB_HEARTBEAT_MANY): ``{job id still held: whether its cancellation was requested}``.
+    ``started`` gives the jobs whose handler has begun their start (written once).
     """
+    started = started or {}
     cursor.execute(
         sql.JOB_HEARTBEAT_MANY,
         {
             "worker": worker,
             "ids": [h[0] for h in held],
             "attempts": [h[1] for h in held],
+            "started": [started.get(h[0]) for h in held],
             "lease": _lease(lease_seconds),
             "now": now,
         },
@@ -328,6 +339,12 @@ def register_worker(
             "concurrency": concurrency,
         },
     )
+
+
+def database_clock(cursor: Any) -> dt.datetime:
+    """The database server's clock now (DATABASE_CLOCK_READ)."""
+    cursor.execute(sql.DATABASE_CLOCK_READ)
+    return cursor.fetchone()[0]
 
 
 def stop_worker(cursor: Any, *, worker: str) -> None:

@@ -29,6 +29,7 @@ JOB_FIELDS = {
     "max_attempts",
     "run_at",
     "created_at",
+    "claimed_at",
     "started_at",
     "finished_at",
     "last_error",
@@ -39,7 +40,15 @@ JOB_FIELDS = {
 }
 
 #: The fields every entry of a job's history has.
-HISTORY_FIELDS = {"attempt", "worker", "started_at", "finished_at", "outcome", "error"}
+HISTORY_FIELDS = {
+    "attempt",
+    "worker",
+    "claimed_at",
+    "started_at",
+    "finished_at",
+    "outcome",
+    "error",
+}
 
 #: The keys of GET /stats.
 STATS_FIELDS = {

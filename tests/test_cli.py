@@ -258,10 +258,10 @@ def test_show_prints_the_last_attempts_only():
     assert f"id:              {job_id}" in out
     assert "attempts (the last 2 of 3; times in UTC):" in out
     rows = out.split("attempts (the last 2 of 3; times in UTC):\n")[1].splitlines()
-    assert columns(rows[0]) == ["ATTEMPT", "WORKER", "STARTED", "FINISHED", "RUN", "OUTCOME",
-                                "ERROR"]  # fmt: skip
+    assert columns(rows[0]) == ["ATTEMPT", "WORKER", "CLAIMED", "STARTED", "FINISHED", "RUN",
+                                "OUTCOME", "ERROR"]  # fmt: skip
     assert [columns(r)[:2] for r in rows[1:]] == [["2", "w2"], ["3", "w3"]]
-    assert all(columns(r)[5:] == ["failed", "RuntimeError: boom"] for r in rows[1:])
+    assert all(columns(r)[6:] == ["failed", "RuntimeError: boom"] for r in rows[1:])
 
 
 def test_show_bounds_the_attempts():

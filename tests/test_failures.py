@@ -515,9 +515,9 @@ def test_cancel_and_retry_services(db: Any) -> None:
 def test_the_steady_state_statement_runs_on_the_injected_clock(db: Any) -> None:
     """complete_and_claim records and claims at the ``now`` it is given.
 
-    The finished job's finished_at (and its attempt row's) is that moment, and the new
-    lease runs from it: the reaper leaves the job alone until the lease's end and takes
-    it just after.
+    The finished job's finished_at (and its attempt row's) is that moment (no handler
+    times given: the attempt is taken to run from its claim), and the new lease runs from
+    it: the reaper leaves the job alone until the lease's end and takes it just after.
     """
     at = timeline()
     first_id, second_id = enqueue_one(), enqueue_one()
@@ -538,6 +538,6 @@ def test_the_steady_state_statement_runs_on_the_injected_clock(db: Any) -> None:
     assert (done.status, done.started_at, done.finished_at) == ("done", at(0), at(5))
     (attempt,) = JobAttempt.objects.filter(job_id=first_id)
     assert (attempt.started_at, attempt.finished_at) == (at(0), at(5))
-    assert job(second_id).started_at == at(5)
+    assert (job(second_id).claimed_at, job(second_id).started_at) == (at(5), None)
     assert reap(at(35)) == {}
     assert reap(at(36)) == {second_id: "scheduled"}

@@ -133,10 +133,21 @@ class AttemptInline(admin.TabularInline):
     model = JobAttempt
     extra = 0
     can_delete = False
-    fields = ["attempt", "outcome", "worker", "started", "finished", "run_time", "error", "trace"]
+    fields = [
+        "attempt",
+        "outcome",
+        "worker",
+        "claimed",
+        "started",
+        "finished",
+        "run_time",
+        "error",
+        "trace",
+    ]
     readonly_fields = fields
     ordering = ["id"]
 
+    claimed = timestamp("claimed_at")
     started = timestamp("started_at")
     finished = timestamp("finished_at")
 
@@ -217,6 +228,7 @@ class JobAdmin(admin.ModelAdmin):
                     "idempotency_key",
                     "runs_at",
                     "created",
+                    "claimed",
                     "started",
                     "finished",
                     "run_time",
@@ -232,6 +244,7 @@ class JobAdmin(admin.ModelAdmin):
 
     runs_at = timestamp("run_at", "run at")
     created = timestamp("created_at")
+    claimed = timestamp("claimed_at")
     started = timestamp("started_at")
     finished = timestamp("finished_at")
     lease_expires = timestamp("lease_expires_at")

@@ -62,6 +62,7 @@ class JobSerializer(serializers.ModelSerializer):
             "max_attempts",
             "run_at",
             "created_at",
+            "claimed_at",
             "started_at",
             "finished_at",
             "last_error",
@@ -76,8 +77,17 @@ class JobSerializer(serializers.ModelSerializer):
 class AttemptSerializer(serializers.Serializer):
     attempt = serializers.IntegerField()
     worker = serializers.CharField()
-    started_at = serializers.DateTimeField(allow_null=True)
-    finished_at = serializers.DateTimeField()
+    claimed_at = serializers.DateTimeField(
+        allow_null=True, help_text="when the worker claimed the job for this attempt"
+    )
+    started_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="when the handler began; null if no worker saw it begin (a lease that ran "
+        "out first)",
+    )
+    finished_at = serializers.DateTimeField(
+        help_text="when the handler ended, or when the worker or maintenance ended the attempt"
+    )
     outcome = serializers.ChoiceField(["done", "failed", "lease_expired", "cancelled"])
     error = serializers.CharField(allow_null=True)
     traceback = serializers.CharField(allow_null=True)

@@ -66,7 +66,8 @@ def task_result(
     ``history`` is its finished attempts of the current run (see :func:`history`), oldest
     first, and ``current_worker`` the worker of the attempt in progress, if any: together
     they give ``worker_ids`` (one per attempt, as ``TaskContext.attempt`` counts them) and
-    ``errors``. The run started when its first attempt did.
+    ``errors``. The run started when its first attempt's handler began (or, for an attempt
+    no worker saw begin, when it was claimed).
     """
     worker_ids = [row["worker"] for row in history]
     if current_worker is not None:
@@ -76,7 +77,7 @@ def task_result(
         id=str(job_id),
         status=status,
         enqueued_at=enqueued_at,
-        started_at=(history[0]["started_at"] if history else None) or last_attempted_at,
+        started_at=(_began(history[0]) if history else None) or last_attempted_at,
         finished_at=finished_at,
         last_attempted_at=last_attempted_at,
         args=args,
@@ -105,6 +106,7 @@ def read_result(alias: str, result_id: str) -> TaskResult:
             "attempts",
             "lease_owner",
             "created_at",
+            "claimed_at",
             "started_at",
             "finished_at",
             "result",
@@ -142,7 +144,9 @@ def read_result(alias: str, result_id: str) -> TaskResult:
         enqueued_at=parse_datetime(payload.get("enqueued_at")) or row["created_at"],
         history=history(job_id, row["attempts"] - 1 if running else row["attempts"]),
         current_worker=row["lease_owner"] if running and row["lease_owner"] else None,
-        last_attempted_at=row["started_at"] if row["attempts"] else None,
+        # A running job's handler start is written within a second of it (a heartbeat
+        # round); until then, and while it waits for a thread, its claim is the attempt's.
+        last_attempted_at=_began(row) if row["attempts"] else None,
         finished_at=row["finished_at"] if row["status"] in _FINISHED else None,
     )
     if row["status"] == Status.DONE:
@@ -159,9 +163,15 @@ def history(job_id: int, count: int) -> list[dict[str, Any]]:
         JobAttempt.objects.using(queue_db())
         .filter(job_id=job_id, outcome__in=ATTEMPT_OUTCOMES)
         .order_by("-id")
-        .values("worker", "outcome", "error", "traceback", "started_at")[:count]
+        .values("worker", "outcome", "error", "traceback", "claimed_at", "started_at")[:count]
     )
     return list(reversed(rows))
+
+
+def _began(row: dict[str, Any]) -> dt.datetime | None:
+    """When an attempt (a job's or an attempt row's) was made: its handler's start, else
+    its claim (an attempt no worker saw begin)."""
+    return row["started_at"] or row["claimed_at"]
 
 
 def parse_datetime(value: Any) -> dt.datetime | None:

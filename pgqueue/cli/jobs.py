@@ -147,6 +147,7 @@ def _job_page(job: Job, attempts: Sequence[JobAttempt], total: int) -> str:
         ("attempts", f"{job.attempts}/{job.max_attempts}"),
         ("run at", output.when(job.run_at)),
         ("created", output.when(job.created_at)),
+        ("claimed", output.when(job.claimed_at)),
         ("started", output.when(job.started_at)),
         ("finished", output.when(job.finished_at)),
         ("idempotency key", job.idempotency_key or output.NONE),
@@ -164,11 +165,12 @@ def _job_page(job: Job, attempts: Sequence[JobAttempt], total: int) -> str:
     lines.append(f"attempts ({shown}; times in UTC):")
     lines.append(
         output.table(
-            ["ATTEMPT", "WORKER", "STARTED", "FINISHED", "RUN", "OUTCOME", "ERROR"],
+            ["ATTEMPT", "WORKER", "CLAIMED", "STARTED", "FINISHED", "RUN", "OUTCOME", "ERROR"],
             [
                 [
                     a.attempt,
                     a.worker,
+                    output.when(a.claimed_at),
                     output.when(a.started_at),
                     output.when(a.finished_at),
                     output.duration(a.started_at, a.finished_at),
@@ -177,7 +179,7 @@ def _job_page(job: Job, attempts: Sequence[JobAttempt], total: int) -> str:
                 ]
                 for a in attempts
             ],
-            right=(0, 4),
+            right=(0, 5),
         )
     )
     return "\n".join(lines)

@@ -30,6 +30,8 @@ class JobContext:
         "_lost",
         "_stop",
         "attempt",
+        "began",
+        "claimed",
         "deadline",
         "future",
         "id",
@@ -38,8 +40,8 @@ class JobContext:
         "priority",
         "queue",
         "settled",
+        "start_written",
         "started",
-        "started_at",
         "task",
         "tenant",
         "timeout",
@@ -70,8 +72,13 @@ class JobContext:
         self.attempt = attempt
         self.max_attempts = max_attempts
         self.worker_id = worker_id
+        #: time.monotonic() when the worker got it from its claim, and when a thread took
+        #: it and its handler began (None until then: it waits, claimed ahead).
+        self.claimed = time.monotonic()
+        self.began: float | None = None
         self.started = False
-        self.started_at = 0.0
+        #: Its start was written to the job's row (by a heartbeat round).
+        self.start_written = False
         self.future: Any = None
         self._heartbeat = heartbeat
         self._lost = False  # written by the worker's loop thread only
@@ -80,9 +87,17 @@ class JobContext:
         #: out): the handler's own outcome, whenever it comes, is discarded.
         self.settled = False
         self.timeout = timeout
-        #: time.monotonic() past which the attempt has timed out; counted from the claim,
-        #: as the job's started_at is (maintenance's backstop reads that).
-        self.deadline = None if timeout is None else time.monotonic() + timeout
+        #: time.monotonic() past which the attempt has timed out: counted from the
+        #: handler's start (None until then: a job that has not begun cannot time out).
+        self.deadline: float | None = None
+
+    def mark_started(self) -> None:
+        """The executor's, as a thread takes the job: its handler begins now."""
+        if self.began is None:
+            self.began = time.monotonic()
+            if self.timeout is not None:
+                self.deadline = self.began + self.timeout
+        self.started = True
 
     @property
     def lost(self) -> bool:

@@ -7,7 +7,8 @@ runs: it gives each claimed job the context its handler sees, queues it for one 
 which runs on a thread of its own (``EventLoopThread``, started with the first such job),
 while the handler thread that took the job waits for it: async and thread jobs share the
 worker's ``concurrency`` slots, and jobs claimed ahead (``PGQUEUE["PREFETCH"]``) wait in
-the queue, unstarted, whichever kind they are.
+the queue, unstarted, whichever kind they are. A job begins when a thread takes it
+(``JobContext.began``): its timeout and its ``started_at`` count from then.
 It never writes the queue's rows (a handler may use Django's connections, closed again
 after each job), so every write of the worker stays on the loop's connection and thread.
 Each outcome goes back through ``deliver``, which the loop gives and which must be safe to
@@ -53,7 +54,10 @@ class HandlerOutcome:
     error: str | None = None
     traceback: str | None = None
     permanent: bool = False
-    duration: float = 0.0
+    duration: float = 0.0  # seconds the handler ran (ended - ctx.began)
+    #: time.monotonic() when the handler returned or raised; None when it did not run or
+    #: the worker ended the attempt first (the outcome is recorded as of then).
+    ended: float | None = None
 
 
 #: What a handler may raise that ends its attempt (and nothing else). SystemExit and
@@ -130,11 +134,15 @@ class JobExecutor:
         worker_id: str,
         heartbeat: Callable[[float], None],
         deliver: Callable[[HandlerOutcome], None],
+        timing: Callable[[], None] | None = None,
     ) -> None:
         self.threads = threads
         self.worker_id = worker_id
         self.heartbeat = heartbeat
         self.deliver = deliver
+        #: Called on a handler thread when a job with a timeout begins: its deadline runs
+        #: from now, and the loop must know to watch it.
+        self.timing = timing
         self._jobs: queue.SimpleQueue[JobContext | None] = queue.SimpleQueue()
         self._pool: list[threading.Thread] = []  # started with the first job
         self._events: EventLoopThread | None = None
@@ -214,10 +222,17 @@ class JobExecutor:
             ctx = self._jobs.get()
             if ctx is None:
                 return
-            if ctx.settled:  # cancelled or timed out before it started: not run at all
+            if ctx.settled:  # cancelled before it started: not run at all
                 self.deliver(HandlerOutcome(ctx, ok=False, error=f"not run: {ctx.stop_reason}"))
                 continue
-            self.deliver(self._run(ctx))
+            ctx.mark_started()
+            if ctx.timeout is not None and self.timing is not None:
+                self.timing()
+            outcome = self._run(ctx)
+            if outcome.ended is None:
+                outcome.ended = time.monotonic()
+                outcome.duration = outcome.ended - (ctx.began or outcome.ended)
+            self.deliver(outcome)
 
     def _run(self, ctx: JobContext) -> HandlerOutcome:
         """The outcome of one job; a BaseException its handler raised is one too.
@@ -228,7 +243,6 @@ class JobExecutor:
         try:
             func = _handler_of(ctx.task)
             if func is not None and inspect.iscoroutinefunction(func):
-                ctx.started = True
                 ctx.future = future = self._event_loop().submit(run_async_handler(ctx, func))
                 if ctx.settled:  # the loop ended the attempt before the future was in hand
                     future.cancel()
@@ -281,8 +295,7 @@ def run_handler(
     function that returns an awaitable (a wrapped ``async def``) has it awaited through
     ``await_`` (on the event loop) while this thread waits.
     """
-    ctx.started = True
-    started = time.perf_counter()
+    ctx.mark_started()
     outcome = HandlerOutcome(ctx, ok=False)
     try:
         with job_context(ctx):
@@ -293,7 +306,7 @@ def run_handler(
     except HANDLER_ERRORS as exc:
         _raised(outcome, exc)
     finally:
-        outcome.duration = time.perf_counter() - started
+        _ended(outcome)
         close_old_connections()
     return outcome
 
@@ -304,8 +317,7 @@ async def run_async_handler(ctx: JobContext, func: Callable[..., Awaitable[Any]]
     Django's connections are not closed afterwards: an async handler reaches the ORM
     through ``sync_to_async``, whose thread keeps its own.
     """
-    ctx.started = True
-    started = time.perf_counter()
+    ctx.mark_started()
     outcome = HandlerOutcome(ctx, ok=False)
     try:
         with job_context(ctx):
@@ -314,8 +326,14 @@ async def run_async_handler(ctx: JobContext, func: Callable[..., Awaitable[Any]]
     except (*HANDLER_ERRORS, asyncio.CancelledError) as exc:
         _raised(outcome, exc)
     finally:
-        outcome.duration = time.perf_counter() - started
+        _ended(outcome)
     return outcome
+
+
+def _ended(outcome: HandlerOutcome) -> None:
+    """The handler returned or raised just now."""
+    outcome.ended = time.monotonic()
+    outcome.duration = outcome.ended - (outcome.ctx.began or outcome.ended)
 
 
 def cancel_coroutine(ctx: JobContext) -> None:

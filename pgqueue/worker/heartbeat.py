@@ -8,9 +8,10 @@ thread writes to the database; handler threads wait on a condition for the round
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import psycopg
 
@@ -53,9 +54,11 @@ class Heartbeats:
         db: psycopg.Connection,
         contexts: Sequence[JobContext],
         others: Iterable[tuple[int, int]] = (),
+        started: Mapping[int, dt.datetime] | None = None,
     ) -> list[JobContext]:
         """One round on the loop's connection: the running jobs' ``contexts`` (those whose
         lease is lost are marked so) and ``others`` held but not running, as (id, attempt).
+        ``started``: the handlers' starts to write, by job id (``start_written`` then).
 
         Returns the contexts whose cancellation was requested (and not yet dealt with):
         the caller ends them before it tells the handlers that the round has run.
@@ -65,9 +68,15 @@ class Heartbeats:
         held += list(others)
         with db.cursor() as cur:
             kept = store.heartbeat_flags(
-                cur, worker=self.worker_id, held=held, lease_seconds=self.lease_seconds
+                cur,
+                worker=self.worker_id,
+                held=held,
+                lease_seconds=self.lease_seconds,
+                started=started,
             )
         for ctx in contexts:
+            if started and ctx.id in started and ctx.id in kept:
+                ctx.start_written = True
             if not ctx.lost and not ctx.settled and ctx.id not in kept:
                 ctx.mark_lost()
                 logger.warning(

@@ -12,12 +12,16 @@ has no handler for): not an attempt.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import psycopg
 
 from .. import stop_store, store
+from ..claim_store import Success
+from .clock import DatabaseClock
 from .connection import CONNECTION_ERRORS, error_text
 from .context import JobContext
 from .executor import ERROR_MAX_BYTES, HandlerOutcome, storable_text
@@ -31,8 +35,17 @@ LOGGED_IDS = 20
 class OutcomeRecorder:
     """Writes and logs the outcomes of one worker's jobs; counts those it is done with."""
 
-    def __init__(self, worker_id: str, *, served: int = 0, unknown_task_delay: float = 60.0):
+    def __init__(
+        self,
+        worker_id: str,
+        *,
+        served: int = 0,
+        unknown_task_delay: float = 60.0,
+        clock: DatabaseClock | None = None,
+    ):
         self.worker_id = worker_id
+        #: Gives the handlers' times in the database's clock.
+        self.clock = clock or DatabaseClock()
         self.served = served  # how many tasks the worker has handlers for (for the log)
         self.unknown_task_delay = unknown_task_delay
         #: Outcomes dealt with (recorded, fenced out or left to lease recovery).
@@ -43,20 +56,35 @@ class OutcomeRecorder:
         #: ``give_back`` has written them.
         self.unrunnable: list[store.ClaimedJob] = []
 
-    @staticmethod
-    def split(
-        outcomes: list[HandlerOutcome],
-    ) -> tuple[list[tuple[int, int, str | None]], list[store.Failure]]:
-        """Successes and failures to write; the outcome of a lost job, or of one the worker
-        already ended (cancelled, timed out: ``settled``), is not written at all."""
+    def split(self, outcomes: list[HandlerOutcome]) -> tuple[list[Success], list[store.Failure]]:
+        """Successes and failures to write, each with its handler's start and end; the
+        outcome of a lost job, or of one the worker already ended (cancelled, timed out:
+        ``settled``), is not written at all."""
         live = [o for o in outcomes if not o.ctx.lost and not o.ctx.settled]
-        successes = [(o.ctx.id, o.ctx.attempt, o.result_json) for o in live if o.ok]
+        successes = [
+            Success(o.ctx.id, o.ctx.attempt, o.result_json, *self.times(o)) for o in live if o.ok
+        ]
         failures = [
-            store.Failure(o.ctx.id, o.ctx.attempt, o.error or "", o.traceback, o.permanent)
+            store.Failure(
+                o.ctx.id, o.ctx.attempt, o.error or "", o.traceback, o.permanent, *self.times(o)
+            )
             for o in live
             if not o.ok
         ]
         return successes, failures
+
+    def times(self, outcome: HandlerOutcome) -> tuple[dt.datetime | None, dt.datetime | None]:
+        """When the outcome's handler began and ended, in the database's clock (None: it
+        did not begin; it did not end, the worker ended the attempt: the statement's now)."""
+        began, ended = outcome.ctx.began, outcome.ended
+        return (
+            None if began is None else self.clock.at(began),
+            None if ended is None else self.clock.at(ended),
+        )
+
+    def started(self, contexts: Iterable[JobContext]) -> dict[int, dt.datetime]:
+        """The start, in the database's clock, of each of ``contexts`` whose handler began."""
+        return {c.id: self.clock.at(c.began) for c in contexts if c.began is not None}
 
     def record(self, cur: Any, outcomes: list[HandlerOutcome]) -> set[int]:
         """Write outcomes (fenced); returns the ids whose outcome was recorded."""
@@ -85,7 +113,10 @@ class OutcomeRecorder:
         if not refused:
             return set()
         stopped = stop_store.confirm_cancel_many(
-            cur, worker=self.worker_id, held=[(c.id, c.attempt) for c in refused]
+            cur,
+            worker=self.worker_id,
+            held=[(c.id, c.attempt) for c in refused],
+            started=self.started(refused),
         )
         for ctx in refused:
             if ctx.id in stopped:
@@ -145,6 +176,7 @@ class OutcomeRecorder:
                     error=storable_text(f"outcome not storable: {reason}", ERROR_MAX_BYTES),
                     traceback=None,
                     duration=outcome.duration,
+                    ended=outcome.ended,
                 )
                 try:
                     recorded = self.record_in_transaction(db, [outcome])
@@ -228,14 +260,22 @@ class OutcomeRecorder:
                 more,
             )
 
-    def release(self, db: psycopg.Connection, unstarted: list[JobContext]) -> None:
-        """On stop: give back jobs claimed but not yet started (JOB_RELEASE_MANY), queued
-        again at once with their place, so that other workers run them now."""
+    def release(
+        self, db: psycopg.Connection, unstarted: list[JobContext], *, reason: str = "stopping"
+    ) -> None:
+        """Give back jobs claimed but not yet started (JOB_RELEASE_MANY), queued again at
+        once with their place and the attempt not counted, so that other workers run them
+        now: on stop, or when they waited too long for a thread (``reason``)."""
         with db.cursor() as cur:
             released = store.release_many(
                 cur, worker=self.worker_id, held=[(c.id, c.attempt) for c in unstarted]
             )
-        logger.info("event=released_unstarted count=%d", len(released))
+        logger.info(
+            "event=released_unstarted count=%d reason=%s ids=%s",
+            len(released),
+            reason,
+            ",".join(str(c.id) for c in unstarted[:LOGGED_IDS]),
+        )
 
     def give_back(self, db: psycopg.Connection) -> None:
         """Give back the ``unrunnable`` jobs: their task the worker has no handler for.

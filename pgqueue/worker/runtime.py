@@ -26,6 +26,7 @@ from .. import store
 from ..conf import pgqueue_settings
 from ..registry import served_names
 from .claiming import Claims
+from .clock import DatabaseClock
 from .connection import (
     CONNECTION_ERRORS,
     connect,
@@ -66,11 +67,14 @@ class WorkerLoop:
         # Jobs held beyond the busy slots: they wait, unstarted, in the executor's queue,
         # so a thread that finishes takes the next job at once instead of waiting for the
         # loop's round trip, and one turn records and claims for many jobs. At most
-        # ``prefetch``, and as many as the threads run in a few milliseconds (lookahead).
+        # ``prefetch``, and as many as the threads start in a few milliseconds (lookahead);
+        # one still waiting after ``hold`` seconds is given back (_give_back_stranded).
         self.prefetch = int(pgqueue_settings.PREFETCH if prefetch is None else prefetch)
-        self.lookahead = LookAhead(
-            self.prefetch, concurrency, float(pgqueue_settings.PREFETCH_SECONDS)
-        )
+        self.lookahead = LookAhead(self.prefetch, float(pgqueue_settings.PREFETCH_SECONDS))
+        self.hold = float(pgqueue_settings.PREFETCH_HOLD_SECONDS)
+        self.ahead = 0  # the look-ahead of the last claim
+        #: Jobs were given back unstarted: claim none ahead until a thread is free again.
+        self.gave_back = False
         self.burst = burst
         self.max_jobs = max_jobs
         self.alias = alias
@@ -89,6 +93,7 @@ class WorkerLoop:
             worker_id=self.id,
             heartbeat=self._request_heartbeat,
             deliver=self._deliver,
+            timing=self.wake,
         )
         self.wake_event = threading.Event()
         self.stopping = threading.Event()
@@ -98,10 +103,12 @@ class WorkerLoop:
         self.limited: set[int] = set()  # ids of jobs in hand counted in limit rows
         self.claims = Claims(self.id, self.queues, self.lease)  # plain, or within limits
         self.tasks = served_names()
+        self.clock = DatabaseClock()  # read at each connection and heartbeat round
         self.recorder = OutcomeRecorder(
             self.id,
             served=len(self.tasks),
             unknown_task_delay=float(pgqueue_settings.UNKNOWN_TASK_DELAY_SECONDS),
+            clock=self.clock,
         )
         self.heartbeats = Heartbeats(self.id, self.lease, self.wake_event.set)
         self.stops = JobStops(self.id, self.heartbeats, self.recorder)  # cancels, timeouts
@@ -167,8 +174,13 @@ class WorkerLoop:
                     if self.stopping.is_set() and not self._released:
                         self._release_unstarted()
                     claimed_all = self._turn()
+                    self._give_back_stranded()
                     now = time.monotonic()
-                    if now >= next_heartbeat or self.heartbeats.requested:
+                    if (
+                        now >= next_heartbeat
+                        or self.heartbeats.requested
+                        or now >= self._start_to_write()
+                    ):
                         self._heartbeat()
                         next_heartbeat = now + self.heartbeat_every
                     self.stops.expire(self.db, self.in_flight.values())  # past their timeout
@@ -186,7 +198,11 @@ class WorkerLoop:
                     break
                 if claimed_all and self._want() > 0:
                     continue  # the batch size capped the claim: more may be waiting now
-                deadline = self.stops.next_deadline(self.in_flight.values()) or next_heartbeat
+                deadline = min(
+                    self.stops.next_deadline(self.in_flight.values()) or next_heartbeat,
+                    self._stranded_at(),
+                    self._start_to_write(),
+                )
                 token = self.claims.token_wait  # a rate-limited scope's next token
                 timeout = min(
                     self.poll_every * (0.75 + 0.5 * random.random()),
@@ -308,8 +324,7 @@ class WorkerLoop:
         """Time for a turn: every job in hand has finished, or the look-ahead runs low."""
         if self.outcomes.qsize() >= len(self.in_flight):
             return True
-        ahead = self.lookahead.size
-        return ahead > 0 and self.executor.queued() <= ahead // 2
+        return self.ahead > 0 and self.executor.queued() <= self.ahead // 2
 
     def _take_outcomes(self) -> None:
         """Move finished jobs from in flight to pending: their slots are free again, and
@@ -323,6 +338,7 @@ class WorkerLoop:
                 return
             if outcome.ctx.started:
                 durations.append(outcome.duration)
+                self.gave_back = False  # a thread is free again
             if self.in_flight.get(outcome.ctx.id) is outcome.ctx:
                 del self.in_flight[outcome.ctx.id]
             else:  # an attempt the worker ended (timed out) whose job it runs again now
@@ -340,12 +356,60 @@ class WorkerLoop:
                 self.in_flight.pop(ctx.id, None)
         self._released = True
 
+    def _give_back_stranded(self) -> None:
+        """Give back the jobs claimed ahead once the oldest of them has waited ``hold``
+        seconds for a thread: no thread freed that long, so those behind it would wait
+        too, while another worker may be idle. Queued again at their old place, the
+        attempt not counted, their limit slots returned, the queue's workers woken
+        (JOB_RELEASE_MANY); none is claimed ahead again until a thread is free."""
+        if time.monotonic() < self._stranded_at():
+            return
+        unstarted = self.executor.take_unstarted()
+        if not unstarted:
+            return
+        assert self.db is not None
+        self.recorder.release(self.db, unstarted, reason="not_started_within_hold")
+        for ctx in unstarted:
+            self.in_flight.pop(ctx.id, None)
+            self.limited.discard(ctx.id)
+        self.gave_back = True
+
+    def _stranded_at(self) -> float:
+        """When the oldest job waiting for a thread is to be given back (monotonic; inf
+        when none waits)."""
+        if not self.executor.queued():
+            return float("inf")
+        waiting = [c.claimed for c in self.in_flight.values() if not c.started]
+        return min(waiting) + self.hold if waiting else float("inf")
+
+    #: A running job's start is written to its row (a heartbeat round) once it has run
+    #: this long, so that the API and the admin show when a long job began.
+    START_WRITE_SECONDS = 1.0
+
+    def _start_to_write(self) -> float:
+        """When the next heartbeat round is due for a start to write (monotonic; inf when
+        no job in hand needs one): a job that has run START_WRITE_SECONDS unrecorded."""
+        begun = [
+            c.began for c in self.in_flight.values() if c.began is not None and not c.start_written
+        ]
+        return min(begun) + self.START_WRITE_SECONDS if begun else float("inf")
+
+    def _soon_threads(self) -> int:
+        """Threads that may take a job soon: idle, or on a job that has run less than
+        ``hold`` seconds (one longer is a long job, and nothing is held for its thread)."""
+        now = time.monotonic()
+        long = sum(
+            1 for c in self.in_flight.values() if c.began is not None and now - c.began > self.hold
+        )
+        return self.concurrency - long - len(self.stops.lingering)
+
     def _want(self) -> int:
         """Jobs to claim: the idle slots plus the look-ahead, less what is held already."""
         if self.stopping.is_set():
             return 0
         held = len(self.in_flight) + len(self.stops.lingering)  # the latter hold threads
-        want = min(self.concurrency + self.lookahead.size - held, self.batch_size)
+        self.ahead = 0 if self.gave_back else self.lookahead.size(self._soon_threads())
+        want = min(self.concurrency + self.ahead - held, self.batch_size)
         if self.max_jobs is not None:
             want = min(want, self.max_jobs - self.claimed_total)
         return max(want, 0)
@@ -396,6 +460,8 @@ class WorkerLoop:
 
     def _heartbeat(self) -> None:
         assert self.db is not None
+        with self.db.cursor() as cur:
+            self.clock.read(cur)
         contexts = [*self.in_flight.values(), *(o.ctx for o in self.pending)]
         unrunnable = [(j.id, j.attempt) for j in self.recorder.unrunnable]
         self.stops.beat(self.db, contexts, unrunnable)
@@ -418,6 +484,7 @@ class WorkerLoop:
 
     def _register_on(self, db: psycopg.Connection) -> None:
         with db.cursor() as cur:
+            self.clock.read(cur)
             store.register_worker(
                 cur,
                 worker=self.id,

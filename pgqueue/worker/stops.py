@@ -66,7 +66,8 @@ class JobStops:
         ``heartbeat()`` raises as soon as the worker knows)."""
         via = "notify" if self._notified else "heartbeat"
         self._notified = False
-        asked = self.heartbeats.beat(db, contexts, others)
+        unwritten = [c for c in contexts if not c.start_written]
+        asked = self.heartbeats.beat(db, contexts, others, self.recorder.started(unwritten))
         if asked:
             self.cancel(db, asked, via=via)
         self.heartbeats.round_done()
@@ -77,7 +78,10 @@ class JobStops:
             ctx.mark_stopped("cancelled")
         with db.cursor() as cur:
             stopped = stop_store.confirm_cancel_many(
-                cur, worker=self.worker_id, held=[(c.id, c.attempt) for c in asked]
+                cur,
+                worker=self.worker_id,
+                held=[(c.id, c.attempt) for c in asked],
+                started=self.recorder.started(asked),
             )
         for ctx in asked:
             ctx.settled = True  # recorded now, or recorded / lost before: nothing left to do

@@ -66,9 +66,10 @@ class Command(BaseCommand):
             "--prefetch",
             type=_non_negative,
             default=None,
-            help="most jobs claimed beyond the idle threads, waiting for one; fewer once "
-            "jobs have run: what the threads run in PGQUEUE PREFETCH_SECONDS (default: "
-            "PGQUEUE PREFETCH; 0: claim only for idle threads)",
+            help="most jobs claimed beyond the idle threads, waiting unstarted for one: "
+            "what the threads start in PGQUEUE PREFETCH_SECONDS, and given back after "
+            "PREFETCH_HOLD_SECONDS (default: PGQUEUE PREFETCH; 0: claim only for idle "
+            "threads)",
         )
         parser.add_argument("--burst", action="store_true", help="exit when no job is runnable")
         parser.add_argument(
