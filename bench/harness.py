@@ -98,6 +98,7 @@ def start_worker(
     args: list[str],
     log_dir: Path | None = None,
     wrap: Sequence[str] = (),
+    root: Path = ROOT,
     **settings: Any,
 ) -> WorkerProcess:
     """Start ``manage.py runworker -v 0 *args`` with PGQUEUE_<NAME> settings.
@@ -105,9 +106,10 @@ def start_worker(
     Its output goes to a new log file in ``log_dir``, or to this process's own output
     when ``log_dir`` is None. ``wrap`` is a command prefix that must end by exec-ing the
     command it is given (``ip netns exec NAME``, say), so that the pid is still the worker's.
+    ``root`` is the checkout whose worker runs (another release's, to compare with).
     """
     env = worker_env(**settings)
-    cmd = [*wrap, sys.executable, str(ROOT / "manage.py"), "runworker", "-v", "0", *args]
+    cmd = [*wrap, sys.executable, str(root / "manage.py"), "runworker", "-v", "0", *args]
     log_path = None
     with contextlib.ExitStack() as stack:
         out: Any = None
@@ -117,7 +119,7 @@ def start_worker(
             env["PYTHONUNBUFFERED"] = "1"
         proc = subprocess.Popen(
             cmd,
-            cwd=ROOT,
+            cwd=root,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,

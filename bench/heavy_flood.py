@@ -6,7 +6,8 @@ noisy_neighbour.py's submitter). One `manage.py runworker --concurrency 8`. Four
 FIFO; fair by jobs (the default); fair by worker time (FAIRNESS="time", both tasks' run
 times known from a warm-up); fair with the flood tenant capped at 6 running jobs (through
 ``set_flood_cap``; skipped in a build without concurrency caps). Wait = started_at -
-created_at of each small job; drain = the flood's last finish - its enqueue.
+created_at of each small job (to its handler's start); drain = the flood's last finish - its
+enqueue.
 
     python scripts/with_db.py -- python -m bench.heavy_flood [--quick]
 """
@@ -155,7 +156,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             f'fair by worker time (FAIRNESS="time"), fair with the flood capped at {CAP} '
             f"running jobs. Each variant first runs {CONCURRENCY} flood jobs and 20 small "
             f'ones and folds their run times (the estimates FAIRNESS="time" charges). '
-            f"Wait = started_at - created_at of each small job (PostgreSQL's clock)."
+            f"Wait = started_at - created_at of each small job (to the handler's start)."
         ),
         "report": report,
         "figures": {**results, "targets_met": targets, "flood_ms": flood_ms},

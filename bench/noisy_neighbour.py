@@ -5,8 +5,8 @@ tenants submit one job every 100 ms between them, round-robin, from a thread of 
 process. One `manage.py runworker --concurrency 8` (one process, 8 handler threads) runs
 jobs of 5 ms each. The same scenario runs with fair ordering and with FIFO ordering (the
 enqueuers under override_settings(PGQUEUE={"ORDERING": "fifo"}), the worker with
-PGQUEUE_ORDERING=fifo). A small job's wait is started_at - created_at of its row, both
-PostgreSQL's clock.
+PGQUEUE_ORDERING=fifo). A small job's wait is started_at - created_at of its row: from its
+enqueue to its handler's start, both in PostgreSQL's clock.
 
     python scripts/with_db.py -- python -m bench.noisy_neighbour [--quick]
 """
@@ -203,7 +203,8 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             f"One tenant enqueues {big:,} jobs of 5 ms at once; while its backlog lasts, five "
             f"small tenants submit one job every 100 ms between them (round-robin, from a "
             f"thread of the bench process). One runworker process with {CONCURRENCY} threads "
-            f"(--concurrency {CONCURRENCY}). Wait = started_at - created_at of each small "
+            f"(--concurrency {CONCURRENCY}). Wait = started_at - created_at (to the handler's "
+            "start) of each small "
             f"job (PostgreSQL's clock); big drain = its last finish - its enqueue. One run "
             f"per ordering, fair then FIFO, in the same invocation."
         ),
