@@ -375,3 +375,33 @@ def test_a_running_job_shows_its_start_before_it_ends(workers: StartWorker, tmp_
     assert abs((done.started_at - row.started_at).total_seconds()) < 0.02
     worker.send(signal.SIGTERM)
     assert worker.wait_exit(STARTUP) == 0
+
+
+def test_a_start_nobody_will_write_does_not_keep_the_loop_busy() -> None:
+    """A job whose attempt the worker already ended (timed out, cancelled: settled) or
+    lost, whose handler still runs, asks for no heartbeat round to write its start:
+    those rounds skip it, so asking would turn the loop into a busy loop of rounds."""
+    from pgqueue.worker.context import JobContext
+    from pgqueue.worker.runtime import WorkerLoop
+
+    loop = WorkerLoop(concurrency=1)
+    ctx = JobContext(
+        id=1,
+        task="test.noop",
+        payload={},
+        tenant="acme",
+        queue="default",
+        priority=0,
+        attempt=1,
+        max_attempts=1,
+        worker_id=loop.id,
+        heartbeat=lambda timeout: None,
+    )
+    ctx.mark_started()
+    loop.in_flight[ctx.id] = ctx
+    assert loop._start_to_write() == ctx.began + loop.START_WRITE_SECONDS
+    ctx.settled = True
+    assert loop._start_to_write() == float("inf")
+    ctx.settled = False
+    ctx.mark_lost()
+    assert loop._start_to_write() == float("inf")

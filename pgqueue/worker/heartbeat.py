@@ -75,7 +75,7 @@ class Heartbeats:
                 started=started,
             )
         for ctx in contexts:
-            if started and ctx.id in started and ctx.id in kept:
+            if started and ctx.id in started:  # written, or nothing to write (lost)
                 ctx.start_written = True
             if not ctx.lost and not ctx.settled and ctx.id not in kept:
                 ctx.mark_lost()

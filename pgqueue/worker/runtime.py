@@ -390,7 +390,9 @@ class WorkerLoop:
         """When the next heartbeat round is due for a start to write (monotonic; inf when
         no job in hand needs one): a job that has run START_WRITE_SECONDS unrecorded."""
         begun = [
-            c.began for c in self.in_flight.values() if c.began is not None and not c.start_written
+            c.began
+            for c in self.in_flight.values()
+            if c.began is not None and not (c.start_written or c.settled or c.lost)
         ]
         return min(begun) + self.START_WRITE_SECONDS if begun else float("inf")
 
