@@ -4,11 +4,12 @@ One `manage.py runworker --concurrency 1`, registered and listening (its listene
 connection seen idle after LISTEN in pg_stat_activity) and warmed up by one job, sits idle;
 then 60 no-op jobs (quick: 15) are enqueued one at a time, 0.2 to 1.2 s apart (uniform,
 seeded: both runs see the same gaps). A job's latency is started_at - created_at of its
-row, both PostgreSQL's clock. With LISTEN/NOTIFY the worker's fallback poll is 30 s, so
-only the notification can wake it in time; for polling, the worker listens on a channel
-nothing notifies ("nowhere") and polls every 1 s. The report also gives the part of the
-latency spent in the enqueue call itself (created_at to the call returning, committed),
-which no wake-up mechanism can save.
+row, in PostgreSQL's clock: from the enqueue to the handler's start (before 2026-12-04
+started_at was the claim's, which came a claim's commit earlier). With LISTEN/NOTIFY the
+worker's fallback poll is 30 s, so only the notification can wake it in time; for polling,
+the worker listens on a channel nothing notifies ("nowhere") and polls every 1 s. The
+report also gives the part of the latency spent in the enqueue call itself (created_at to
+the call returning, committed), which no wake-up mechanism can save.
 
     python scripts/with_db.py -- python -m bench.latency [--quick]
 """
@@ -96,7 +97,8 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         "method": (
             f"One idle runworker process (--concurrency {CONCURRENCY}), listening and warmed up "
             f"by one job; {jobs} no-op jobs enqueued 0.2-1.2 s apart (seeded). Latency = "
-            f"started_at - created_at (PostgreSQL's clock). LISTEN/NOTIFY: fallback poll 30 s. "
+            f"started_at - created_at: to the handler's start (PostgreSQL's clock). "
+            f"LISTEN/NOTIFY: fallback poll 30 s. "
             f"Polling: the worker listens on a channel nobody notifies and polls every 1 s. "
             f"'of which enqueue': created_at to the enqueue call returning, committed (the "
             f"host's clock, the server being on this host): the part no wake-up can save."

@@ -154,7 +154,7 @@ def _number(name: str, value: Any, *, minimum: float, integer: bool = False) -> 
     return None
 
 
-RATE_RE = re.compile(r"^[1-9][0-9]{0,8}/(s|sec|second|m|min|minute|h|hour|d|day)$")
+RATE_RE = re.compile(r"^[1-9][0-9]{0,8}/(s|sec|second|m|min|minute|h|hour|d|day)\Z")
 
 
 def _rate(name: str, value: Any) -> str | None:
@@ -188,10 +188,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("MAINTENANCE_BATCH_SIZE", 1, True),
         ("MAX_PAYLOAD_BYTES", 2, True),
         ("MAX_RESULT_BYTES", 2, True),
+        ("MAX_JSON_DEPTH", 1, True),
         ("CONNECT_ATTEMPTS", 1, True),
         ("PREFETCH", 0, True),
         ("PREFETCH_SECONDS", 0, False),
         ("PREFETCH_HOLD_SECONDS", 0.001, False),
+        ("API_TRUSTED_PROXIES", 0, True),
         ("PRUNE_BATCH_SIZE", 1, True),
         ("PRUNE_BATCHES_PER_PASS", 1, True),
         ("UNKNOWN_TASK_DELAY_SECONDS", 0, False),

@@ -63,6 +63,9 @@ DEFAULTS: dict[str, Any] = {
     "FAIRNESS_MIN_SECONDS": 0.001,
     # Largest accepted payload, in bytes of its JSON text.
     "MAX_PAYLOAD_BYTES": 256 * 1024,
+    # Deepest nesting of arrays and objects a payload or a handler's result may have: what
+    # every page that shows a job can decode (a result deeper fails its attempt).
+    "MAX_JSON_DEPTH": 100,
     # Largest result a handler may return, in bytes of its JSON text; a larger one makes
     # the attempt fail with "result not storable: ...".
     "MAX_RESULT_BYTES": 1024 * 1024,
@@ -86,6 +89,12 @@ DEFAULTS: dict[str, Any] = {
     # ("20/min", "100/hour"); past it, every Bearer request from that address is a 429
     # with Retry-After until the window moves on, and no key is looked up. None: no limit.
     "AUTH_FAILURE_RATE": "20/min",
+    # How many reverse proxies in front of the API append the client's address to
+    # X-Forwarded-For. 0: the client address (of the throttles above) is the connection's
+    # (REMOTE_ADDR) and X-Forwarded-For is ignored, since any client can write it. N: the
+    # address N entries from the right of X-Forwarded-For, the one the outermost of your
+    # proxies saw.
+    "API_TRUSTED_PROXIES": 0,
     # Most jobs a worker process claims beyond its idle slots (runworker --prefetch). They
     # wait, leased and heartbeated but not started, for a thread, so that a turn of the
     # loop records and claims for many jobs while the handlers run; a stopping worker

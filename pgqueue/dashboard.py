@@ -231,15 +231,20 @@ def dashboard_data(now: dt.datetime | None = None, *, using: str | None = None) 
 # -- the view ----------------------------------------------------------------------------
 
 
+#: The permission the dashboard asks of a staff user (as the API's /stats does).
+VIEW_PERMISSION = "pgqueue.view_job"
+
+
 def dashboard_view(request: HttpRequest, context: dict[str, Any]) -> HttpResponse:
     """Render the dashboard inside the admin's frame.
 
     ``context`` is ``admin.site.each_context(request)``; the admin wraps this view in
     ``admin_view`` (staff only). The check below repeats that, at no cost, so the page can't
-    leak the queue's state if it is ever mounted without the wrapper.
+    leak the queue's state if it is ever mounted without the wrapper, and asks what GET
+    /stats asks of a session: ``pgqueue.view_job`` (every tenant's backlog is on the page).
     """
     user = getattr(request, "user", None)
-    if user is None or not (user.is_active and user.is_staff):
+    if user is None or not (user.is_active and user.is_staff and user.has_perm(VIEW_PERMISSION)):
         raise PermissionDenied
     data = dashboard_data()
     chart = throughput_chart_svg(data["buckets"])

@@ -22,7 +22,7 @@ from .limit_models import MAX_RUNNING_BOUND, RATE_COUNT_BOUND, RATE_PERIODS
 from .limits_store import UNSET
 from .services import validate_name
 
-_RATE_RE = re.compile(r"^([1-9][0-9]{0,6})/(s|sec|second|m|min|minute|h|hour)$")
+_RATE_RE = re.compile(r"^([1-9][0-9]{0,6})/(s|sec|second|m|min|minute|h|hour)\Z")
 
 __all__ = [
     "UNSET",

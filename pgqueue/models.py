@@ -421,6 +421,12 @@ class ApiKey(models.Model):
     class Meta:
         db_table = "pgqueue_api_key"
         verbose_name = "API key"
+        permissions = [
+            # An all-tenants key does what a superuser's session does to every tenant
+            # (weights, limits, pauses, every job): the admin lets a staff user create one
+            # only with this permission (pgqueue.admin.keys).
+            ("add_all_tenants_apikey", "Can create and change all-tenants API keys"),
+        ]
 
     def __str__(self) -> str:
         scope = self.tenant_id or "all tenants"

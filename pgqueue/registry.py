@@ -18,7 +18,7 @@ from .exceptions import UnknownTask
 
 Handler = Callable[[Any, Any], Any]
 
-TASK_NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}$")
+TASK_NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}\Z")
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ from .registry import RegisteredTask
 
 logger = logging.getLogger("pgqueue.schedules")
 
-SCHEDULE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,150}$")
+SCHEDULE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,150}\Z")
 MISSED_POLICIES = ("run_once", "skip")
 #: A tick enqueued later than this after its instant was missed (``missed="skip"`` drops
 #: it). Maintenance runs about once a second, so an on-time tick is a second or two late.

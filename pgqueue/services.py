@@ -23,10 +23,15 @@ from . import stop_store, store
 from .conf import pgqueue_settings, queue_db
 from .exceptions import InvalidJob, InvalidTransition, JobNotFound, PayloadTooLarge
 from .models import MAX_WEIGHT, MIN_WEIGHT, Job, Status
+from .nesting import nested_deeper_than
 from .registry import RegisteredTask, get_task
 from .timeouts import resolve_timeout
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+#: Idempotency keys starting so belong to periodic schedules (schedules.tick_key): the
+#: schedules enqueue through the store, the service layer refuses them to everyone else.
+RESERVED_KEY_PREFIX = "periodic:"
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}\Z")
 MAX_DELAY_SECONDS = 365 * 24 * 3600
 MAX_BATCH = 1000
 IDEMPOTENCY_KEY_MAX = 255
@@ -139,7 +144,14 @@ def _run_at(run_at: Any, delay: Any) -> dt.datetime | None:
 
 
 def encode_payload(payload: Any, field_name: str = "payload") -> str:
-    """The payload as JSON text, refusing what JSON (and jsonb) cannot hold."""
+    """The payload as JSON text, refusing what JSON (and jsonb) cannot hold, and what is
+    nested deeper than PGQUEUE["MAX_JSON_DEPTH"] (see pgqueue.nesting)."""
+    depth = int(pgqueue_settings.MAX_JSON_DEPTH)
+    if nested_deeper_than(payload, depth):
+        raise InvalidJob(
+            field_name,
+            f"is nested more than {depth} levels deep (PGQUEUE['MAX_JSON_DEPTH'])",
+        )
     try:
         text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
         data = text.encode()
@@ -184,6 +196,14 @@ def resolve_options(
         raise InvalidJob(
             "idempotency_key",
             f"must be text of 1 to {IDEMPOTENCY_KEY_MAX} characters, without NUL",
+        )
+    if idempotency_key is not None and idempotency_key.startswith(RESERVED_KEY_PREFIX):
+        # A periodic schedule's job of a tick is keyed periodic:<name>:<tick>; a job
+        # enqueued first under that key (a 300-day delay, say) would be taken for the
+        # tick's and the real one would never run.
+        raise InvalidJob(
+            "idempotency_key",
+            f"keys starting {RESERVED_KEY_PREFIX!r} are reserved for periodic schedules",
         )
     return JobOptions(
         task=task.name,

@@ -10,7 +10,11 @@ each, which reads the job from the same context variable as the logging filter:
 - text written by a job is held until its line is complete, then written whole, with
   ``job=<id> `` in front, under a lock: two jobs' lines never mix, even when ``print``'s
   arguments, separators and newline arrive as separate writes. A job's last line without a
-  newline is written when the job's handler ends.
+  newline is written when the job's handler ends. The pieces of an unfinished line are
+  kept as a list (joined once, when the line ends: a progress bar redrawn with ``\r``
+  thousands of times costs each write its own length, not the line's so far), and a line
+  longer than ``MAX_LINE`` characters is written out as it reaches that length, so a job
+  that never writes a newline holds no more than that.
 
 runworker leaves the streams alone when the project has replaced them already (they are not
 ``sys.__stdout__`` / ``sys.__stderr__``). Logging handlers created before the wrap (runworker's
@@ -35,10 +39,15 @@ if TYPE_CHECKING:
 class JobLines:
     """A text stream around ``stream`` that prefixes each line a running job writes."""
 
+    #: Longest unfinished line a job's writes are held for, in characters: past it, what
+    #: is held is written out as a line of its own.
+    MAX_LINE = 64 * 1024
+
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
         self._lock = threading.RLock()  # reentrant: a signal handler may print mid-write
-        self._pending: dict[int, str] = {}  # job id -> the start of its unfinished line
+        #: job id -> the pieces of its unfinished line, and their length
+        self._pending: dict[int, tuple[list[str], int]] = {}
 
     def write(self, text: str) -> int:
         job = current_job()
@@ -46,13 +55,20 @@ class JobLines:
             if job is None:
                 self._stream.write(text)
                 return len(text)
-            held = self._pending.pop(job.id, "") + text
-            lines, newline, rest = held.rpartition("\n")
+            pieces, size = self._pending.pop(job.id, ([], 0))
+            if "\n" not in text and size + len(text) <= self.MAX_LINE:
+                pieces.append(text)
+                self._pending[job.id] = (pieces, size + len(text))
+                return len(text)
+            lines, newline, rest = ("".join(pieces) + text).rpartition("\n")
+            prefix = f"job={job.id} "
             if newline:
-                prefix = f"job={job.id} "
                 self._stream.write("".join(f"{prefix}{line}\n" for line in lines.split("\n")))
+            while len(rest) > self.MAX_LINE:
+                self._stream.write(f"{prefix}{rest[: self.MAX_LINE]}\n")
+                rest = rest[self.MAX_LINE :]
             if rest:
-                self._pending[job.id] = rest
+                self._pending[job.id] = ([rest], len(rest))
         return len(text)
 
     def writelines(self, lines: Iterable[str]) -> None:
@@ -62,11 +78,11 @@ class JobLines:
     def end_job(self, job: JobContext) -> None:
         """Write out the job's unfinished line, if it left one (called as its handler ends)."""
         with self._lock:
-            rest = self._pending.pop(job.id, None)
-            if rest is not None:
+            held = self._pending.pop(job.id, None)
+            if held is not None:
                 # A closed or broken stream must not turn the job's outcome into a failure.
                 with contextlib.suppress(OSError, ValueError):
-                    self._stream.write(f"job={job.id} {rest}\n")
+                    self._stream.write(f"job={job.id} {''.join(held[0])}\n")
 
     def flush(self) -> None:
         with self._lock:

@@ -286,6 +286,30 @@ class TestJobChangePage:
         assert escape("héllo <b>") in html
         assert "héllo <b>" not in html  # user data is escaped
 
+    def test_a_payload_nested_past_the_bound_is_refused_and_one_at_it_is_shown(self, admin_client):
+        """A payload nested 900 levels deep was accepted and then ended the admin's job
+        page in a RecursionError (decoding it, deep in the admin's stack). Protection:
+        PGQUEUE["MAX_JSON_DEPTH"] (100) bounds it at enqueue, in Python and over HTTP
+        alike; a payload at the bound is shown."""
+        from tests.api_fixtures import assert_error, client, new_key
+
+        def nested(depth: int) -> Any:
+            value: Any = "bottom"
+            for _ in range(depth):
+                value = [value]
+            return value
+
+        with pytest.raises(pgqueue.InvalidJob) as exc:
+            services.enqueue("test.echo", nested(900))
+        assert exc.value.field == "payload" and "MAX_JSON_DEPTH" in exc.value.reason
+        body = {"task": "test.echo", "payload": nested(101)}
+        assert_error(client(new_key()).post("/jobs", body, format="json"), 400, field="payload")
+        assert not Job.objects.exists()
+        job, _ = services.enqueue("test.echo", nested(100))
+        response = admin_client.get(change_url(job.pk))
+        assert response.status_code == 200
+        assert "bottom" in response.content.decode()
+
     def test_a_job_without_result_shows_a_dash(self, admin_client):
         job_id = make_job("queued")
         response = admin_client.get(change_url(job_id))
@@ -949,6 +973,56 @@ class TestApiKeys:
         assert admin_client.get(f"{KEYS}{row.pk}/delete/").status_code == 403
         row.refresh_from_db()
         assert (row.name, row.tenant_id) == ("one", None)
+
+
+class TestWhoMayCreateWhichKey:
+    """A staff user never hands out a key that can do more than they may themselves.
+
+    Protection: ``admin.keys.key_refusal`` in the key form's clean(). Without it a staff
+    user holding only add_apikey mints an all-tenants key by leaving the tenant blank, and
+    with it pauses queues and sets weights their own session may not."""
+
+    KEY_PERMS = ("add_apikey", "change_apikey", "view_apikey")
+    JOB_PERMS = ("add_job", "view_job", "change_job")
+
+    def login(self, client: Client, *perms: str) -> Client:
+        name = f"keymaker{User.objects.count()}"
+        client.force_login(staff_user(name, *perms))
+        return client
+
+    def test_an_all_tenants_key_needs_its_permission(self, client):
+        self.login(client, *self.KEY_PERMS, *self.JOB_PERMS)
+        response = client.post(f"{KEYS}add/", {"tenant": "", "name": "all", "_save": "Save"})
+        assert response.status_code == 200
+        assert "only a superuser" in response.content.decode()
+        assert not re.findall(r"pgq_[A-Za-z0-9_\-]{20,}", response.content.decode())
+        assert not ApiKey.objects.exists()
+
+    def test_with_the_permission_it_is_created(self, client):
+        self.login(client, *self.KEY_PERMS, *self.JOB_PERMS, "add_all_tenants_apikey")
+        response = client.post(f"{KEYS}add/", {"tenant": "", "name": "all", "_save": "Save"})
+        assert response.templates[0].name == "admin/pgqueue/apikey/created.html"
+        assert ApiKey.objects.get().tenant_id is None
+
+    def test_a_tenant_key_needs_the_job_permissions_it_hands_out(self, client):
+        Tenant.objects.create(name="acme")
+        self.login(client, *self.KEY_PERMS, "view_job")
+        response = client.post(f"{KEYS}add/", {"tenant": "acme", "name": "t", "_save": "Save"})
+        assert response.status_code == 200
+        assert "pgqueue.add_job, pgqueue.change_job" in response.content.decode()
+        assert not ApiKey.objects.exists()
+        self.login(client, *self.KEY_PERMS, *self.JOB_PERMS)
+        response = client.post(f"{KEYS}add/", {"tenant": "acme", "name": "t", "_save": "Save"})
+        assert response.templates[0].name == "admin/pgqueue/apikey/created.html"
+        assert ApiKey.objects.get().tenant_id == "acme"
+
+    def test_an_all_tenants_keys_scope_is_not_changed_without_the_permission(self, client):
+        row, _ = keys.create_api_key(name="all", queues=["emails"])
+        self.login(client, *self.KEY_PERMS, *self.JOB_PERMS)
+        response = client.post(f"{KEYS}{row.pk}/change/", {"tasks": "", "queues": ""})
+        assert response.status_code == 200
+        row.refresh_from_db()
+        assert row.queues == ["emails"]
 
 
 def assert_nowhere_but_that_page(client: Client, response: Any, key: str) -> None:

@@ -14,6 +14,7 @@ from django.core import checks
 from django.core.management import call_command
 from django.test import override_settings
 
+import pgqueue
 from pgqueue import backends, keys
 from pgqueue.models import ApiKey, Job
 from tests.api_fixtures import assert_error, client, new_key
@@ -107,6 +108,63 @@ class TestKeyScope:
         assert_error(api.delete(f"/jobs/{other['id']}"), 404)
         assert_error(api.post(f"/jobs/{other['id']}/retry"), 404)
         assert [j["id"] for j in api.get("/jobs").json()["results"]] == [mine["id"]]
+
+    @pytest.mark.parametrize(
+        "scope, job",
+        [
+            ({"tasks": ["test.noop"]}, {"task": "test.echo"}),
+            ({"max_priority": 0}, {"task": "test.noop", "priority": 5}),
+        ],
+    )
+    def test_a_keys_task_and_priority_scope_bound_every_per_job_endpoint(self, scope, job):
+        """A key reaches, job by job, only what it could have enqueued: a job of another
+        task, or above its priority, is a 404 to read, cancel and retry (dead here: retry
+        would run it again). Protection: ``Scope.sees`` checks the task and the priority
+        as enqueue does; without it a key that may not enqueue test.echo could retry a
+        dead test.echo job of its tenant and run it again."""
+        admin = client(new_key())
+        other = admin.post("/jobs", {**job, "tenant": "acme"}, "json").json()
+        Job.objects.filter(pk=other["id"]).update(status="dead")
+        api = client(scoped(**scope))
+        for response in (
+            api.get(f"/jobs/{other['id']}"),
+            api.post(f"/jobs/{other['id']}/retry"),
+            api.delete(f"/jobs/{other['id']}"),
+        ):
+            assert_error(response, 404)
+        assert Job.objects.get(pk=other["id"]).status == "dead"
+
+    @override_settings(PGQUEUE={"API_TASKS": ["test.noop"]})
+    def test_api_tasks_bound_a_tenant_keys_per_job_endpoints(self):
+        """A tenant key cannot reach a job of a task the API may not enqueue, even of its
+        own tenant (an operator enqueued it from Python); an all-tenants key may read it
+        but not retry it, since a retry runs it again."""
+        job, _ = pgqueue.enqueue("test.echo", {}, tenant="acme")
+        Job.objects.filter(pk=job.id).update(status="dead")
+        tenant_key = client(new_key("acme"))
+        assert_error(tenant_key.get(f"/jobs/{job.id}"), 404)
+        assert_error(tenant_key.post(f"/jobs/{job.id}/retry"), 404)
+        operator = client(new_key())
+        assert operator.get(f"/jobs/{job.id}").status_code == 200
+        refused(operator.post(f"/jobs/{job.id}/retry"), "task", jobs=1)
+        assert Job.objects.get(pk=job.id).status == "dead"
+
+    def test_an_idempotency_key_does_not_reach_past_the_scope(self):
+        """A queue-scoped key posting an idempotency key its tenant used for a job in
+        another queue gets a 409 naming the field and nothing of that job. Protection:
+        the enqueue checks ``Scope.sees`` on the job it got back; without it the key
+        read that job, payload included."""
+        admin = client(new_key())
+        secret = {"task": "test.echo", "tenant": "acme", "queue": "q2", "payload": {"s": 1}}
+        first = admin.post("/jobs", {**secret, "idempotency_key": "k1"}, "json")
+        assert first.status_code == 201
+        api = client(scoped(queues=["q1"]))
+        body = {"task": "test.echo", "queue": "q1", "idempotency_key": "k1"}
+        response = api.post("/jobs", body, format="json")
+        data = assert_error(response, 409, code="conflict", field=None)
+        assert "idempotency_key" in data["fields"]
+        assert b'"s"' not in response.content
+        assert Job.objects.count() == 1
 
     def test_a_batch_with_one_job_out_of_scope_writes_none(self):
         api = client(scoped(max_priority=5))

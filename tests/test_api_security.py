@@ -177,6 +177,48 @@ class TestAuthFailureThrottle:
         for _ in range(30):
             assert_error(APIClient().get("/jobs", **bearer("pgq_a_b")), 401)
 
+    @override_settings(PGQUEUE={"AUTH_FAILURE_RATE": "5/min"})
+    def test_x_forwarded_for_cannot_lock_out_a_victim_nor_evade_the_budget(self):
+        """With no trusted proxy (the default), the address is the connection's, whatever
+        X-Forwarded-For says: an attacker who names the victim's address spends its own
+        budget, not the victim's, and one who names a new address each time is still
+        throttled.
+
+        Protection: ``client_address`` ignores X-Forwarded-For unless
+        PGQUEUE["API_TRUSTED_PROXIES"] is set. Without it (DRF's ``get_ident`` with
+        NUM_PROXIES unset, which trusts the header) the victim's good key is refused
+        with a 429 and the rotating attacker never is."""
+        victim, attacker = "198.51.100.20", "203.0.113.66"
+        good = new_key()
+        for _ in range(5):
+            response = APIClient().get(
+                "/jobs", HTTP_X_FORWARDED_FOR=victim, **bearer("pgq_x_guess", attacker)
+            )
+            assert_error(response, 401)
+        assert APIClient().get("/jobs", **bearer(good, victim)).status_code == 200
+        for n in range(5):  # a new forged address each time: the same connection, refused
+            response = APIClient().get(
+                "/jobs", HTTP_X_FORWARDED_FOR=f"10.9.8.{n}", **bearer("pgq_x_guess", attacker)
+            )
+            assert_error(response, 429, code="rate_limited")
+
+    @override_settings(PGQUEUE={"AUTH_FAILURE_RATE": "3/min", "API_TRUSTED_PROXIES": 1})
+    def test_behind_a_trusted_proxy_the_address_is_the_one_it_saw(self):
+        """With one trusted proxy, the client is the last X-Forwarded-For entry (what the
+        proxy appended): entries a client put before it are not believed."""
+        proxy, client_a, client_b = "10.0.0.1", "198.51.100.1", "198.51.100.2"
+        good = new_key()
+        for n in range(3):
+            forwarded = f"192.0.2.{n}, {client_a}"  # a forged first entry, then the proxy's
+            response = APIClient().get(
+                "/jobs", HTTP_X_FORWARDED_FOR=forwarded, **bearer("pgq_x_guess", proxy)
+            )
+            assert_error(response, 401)
+        refused = APIClient().get("/jobs", HTTP_X_FORWARDED_FOR=client_a, **bearer(good, proxy))
+        assert_error(refused, 429, code="rate_limited")
+        other = APIClient().get("/jobs", HTTP_X_FORWARDED_FOR=client_b, **bearer(good, proxy))
+        assert other.status_code == 200
+
 
 # -- every error is JSON and echoes nothing it cannot encode ------------------------------
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from django.contrib import admin
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client, RequestFactory
 from django.urls import resolve, reverse
@@ -88,7 +88,10 @@ def now() -> dt.datetime:
 
 @pytest.fixture
 def staff(db: Any) -> User:
-    return User.objects.create_user("op", password="pw", is_staff=True)
+    """A staff user who may view jobs: what the dashboard asks (as GET /stats does)."""
+    user = User.objects.create_user("op", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_job"))
+    return user
 
 
 @pytest.fixture
@@ -451,6 +454,15 @@ class TestPage:
         request.user = User.objects.create_user("visitor", password="pw")
         with pytest.raises(PermissionDenied):
             dashboard_view(request, {})
+
+    def test_staff_without_view_job_get_403_and_no_index_entry(self, client):
+        """A staff user with no pgqueue permission sees neither the page nor its entry on
+        the admin index, as GET /stats is 403 for them. Protection: the dashboard asks
+        for pgqueue.view_job (``dashboard_view``, ``DashboardAdmin.has_view_permission``);
+        without it every staff user reads every tenant's backlog."""
+        client.force_login(User.objects.create_user("clerk", password="pw", is_staff=True))
+        assert client.get(DASHBOARD_URL).status_code == 403
+        assert DASHBOARD_URL not in client.get("/admin/").content.decode()
 
     def test_anonymous_is_sent_to_the_admin_login(self, client):
         response = client.get(DASHBOARD_URL)

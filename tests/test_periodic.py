@@ -101,6 +101,26 @@ def test_the_tick_key_is_the_instant_in_utc() -> None:
     assert schedules.tick_key("nightly", tick) == "periodic:nightly:2026-03-29T01:00:00Z"
 
 
+@pytest.mark.django_db
+def test_no_one_but_a_schedule_may_use_a_tick_key() -> None:
+    """The tick keys are predictable: a tenant enqueueing first under one (a job of 300
+    days' delay) would have the schedule take it for the tick's job, which would never
+    run. Protection: the service layer refuses keys in the reserved namespace, which
+    every tick key is in; the schedules enqueue through the store."""
+    from pgqueue import services
+    from tests.api_fixtures import assert_error, client, new_key
+
+    key = schedules.tick_key("nightly", dt.datetime(2030, 1, 1, tzinfo=dt.UTC))
+    assert key.startswith(services.RESERVED_KEY_PREFIX)
+    with pytest.raises(pgqueue.InvalidJob) as exc:
+        pgqueue.enqueue("test.echo", {}, tenant="acme", idempotency_key=key, delay=300 * 86400)
+    assert exc.value.field == "idempotency_key"
+    body = {"task": "test.echo", "idempotency_key": key, "delay_seconds": 300 * 86400}
+    response = client(new_key("acme")).post("/jobs", body, format="json")
+    assert_error(response, 400, field="idempotency_key")
+    assert not Job.objects.exists()
+
+
 def test_the_decorator_declares_a_schedule_for_the_task_and_returns_the_task(
     declared: list[str],
 ) -> None:

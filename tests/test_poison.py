@@ -33,6 +33,7 @@ POISONS: dict[str, tuple[str, ...]] = {
     "nan_result": ("result not storable: ", "NaN or Infinity"),
     "infinity_result": ("result not storable: ", "NaN or Infinity"),
     "big_result": ("result not storable: ", "5002 bytes", "MAX_RESULT_BYTES", "1000"),
+    "deep_result": ("result not storable: ", "nested more than 100 levels", "MAX_JSON_DEPTH"),
     "nul_error": ("RuntimeError: a\\x00b",),
     "surrogate_error": ("RuntimeError: bad \\udcff text",),
     "unprintable_error": (

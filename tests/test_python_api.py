@@ -134,6 +134,9 @@ class TestRefused:
             ({"tenant": "has space"}, "tenant", "must match"),
             ({"tenant": "x" * 65}, "tenant", "must match"),
             ({"queue": "a/b"}, "queue", "must match"),
+            # `$` would match before a trailing newline: names are matched whole (\Z)
+            ({"queue": "default\n"}, "queue", "must match"),
+            ({"tenant": "acme\n"}, "tenant", "must match"),
             ({"priority": 101}, "priority", "from -100 to 100"),
             ({"priority": -101}, "priority", "from -100 to 100"),
             ({"priority": True}, "priority", "integer"),
@@ -155,6 +158,14 @@ class TestRefused:
         assert exc.value.field == field
         assert reason in exc.value.reason
         assert not Job.objects.exists()
+
+    def test_a_rate_with_a_trailing_newline_is_refused(self):
+        from pgqueue.limits import parse_rate
+
+        assert parse_rate("5/s") == (5, 1)
+        with pytest.raises(pgqueue.InvalidJob) as exc:
+            parse_rate("5/s\n")
+        assert exc.value.field == "rate_limit"
 
     def test_unknown_task_names_the_task(self):
         with pytest.raises(pgqueue.UnknownTask, match=r"'no\.such\.task'") as exc:

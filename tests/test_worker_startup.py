@@ -6,6 +6,7 @@ this machine where nothing listens, so every connection attempt fails at once.
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 from urllib.parse import urlsplit, urlunsplit
@@ -65,3 +66,39 @@ def test_connect_attempts_must_be_a_positive_integer(value: object) -> None:
         errors = checks.check_settings()
     assert [e.id for e in errors] == ["pgqueue.E003"]
     assert "CONNECT_ATTEMPTS" in errors[0].msg
+
+
+def test_a_slots_restart_backoff_doubles_and_resets_after_a_healthy_run() -> None:
+    """Each slot backs off on its own (0.5, 1, 2, ... up to 30 s) while its child keeps
+    dying young, and starts again from 0.5 s once a child ran HEALTHY seconds: a pool
+    whose children crashed a few times an hour ago restarts at once today."""
+    from pgqueue.worker.supervisor import RestartBackoff
+
+    backoff = RestartBackoff()
+    assert [backoff.delay(0, 1.0) for _ in range(8)] == [0.5, 1, 2, 4, 8, 16, 30, 30]
+    assert backoff.delay(1, 1.0) == 0.5  # another slot: its own
+    assert backoff.delay(0, RestartBackoff.HEALTHY) == 0.5  # after a healthy run: reset
+    assert backoff.delay(0, 1.0) == 1
+
+
+def test_sigterm_stops_a_pool_of_crashing_children_at_once(workers: StartWorker) -> None:
+    """Two children that die at start-up (no database) are restarted, each slot on its
+    own backoff; once they have died three times each (the next restart seconds away),
+    SIGTERM ends the parent at once, status 0, and no child is started after it.
+
+    Protection: the supervisor never sleeps longer than its 0.1 s poll (restarts are
+    scheduled, not slept for). Without it the parent slept each backoff in turn, one slot
+    after the other, and a SIGTERM waited for the sleeps (about 17 s in the report)."""
+    parent = workers("--processes", "2", url=closed_port_url(), settings={"CONNECT_ATTEMPTS": 1})
+    wait_for(
+        lambda: parent.log().count("event=child_died") >= 6,
+        STARTUP * 2,
+        "the children to die three times each",
+    )
+    died = parent.log().count("event=child_died")
+    parent.send(signal.SIGTERM)
+    assert parent.wait_exit(3) == 0
+    for slot in (0, 1):
+        delays = re.findall(rf"event=child_died slot={slot} .* restart_in=(\S+)s", parent.log())
+        assert delays[:3] == ["0.5", "1.0", "2.0"], parent.log()
+    assert parent.log().count("event=child_died") == died

@@ -72,10 +72,17 @@ def timestamp(field: str, description: str | None = None) -> Callable[[Any, Any]
 
 
 def pretty_json(value: Any) -> str:
-    return format_html(
-        '<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
-        json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False),
-    )
+    """``value`` as indented JSON; compact when it is nested too deeply for the indenting
+    encoder (pure Python, a few frames per level: a payload a thousand levels deep would
+    end the page in a RecursionError), and a note when even that cannot show it."""
+    try:
+        text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    except RecursionError:
+        try:
+            text = json.dumps(value, ensure_ascii=False)  # the C encoder: no frame per level
+        except RecursionError:
+            text = "(nested too deeply to show here; GET /jobs/<id> returns it)"
+    return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', text)
 
 
 def report_changes(modeladmin: admin.ModelAdmin, request: Any, verb: str, result: Any) -> None:

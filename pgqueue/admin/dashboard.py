@@ -17,7 +17,12 @@ class DashboardAdmin(ViewOnlyAdmin):
     """The dashboard, listed on the admin index like a model."""
 
     def has_view_permission(self, request: Any, obj: Any = None) -> bool:
-        return request.user.is_active and request.user.is_staff
+        """Staff who may view jobs, as GET /stats asks: the page shows every tenant's
+        backlog, running jobs and failures."""
+        from ..dashboard import VIEW_PERMISSION
+
+        user = request.user
+        return user.is_active and user.is_staff and user.has_perm(VIEW_PERMISSION)
 
     def get_urls(self) -> list:
         def view(request: Any) -> Any:

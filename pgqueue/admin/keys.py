@@ -31,11 +31,38 @@ class NameListField(forms.CharField):
         return [part.strip() for part in text.split(",") if part.strip()]
 
 
+#: What a tenant key lets its holder do to its tenant's jobs (enqueue, read, cancel and
+#: retry): a staff user must be allowed all of it to hand out such a key.
+TENANT_KEY_PERMISSIONS = ("pgqueue.add_job", "pgqueue.view_job", "pgqueue.change_job")
+#: An all-tenants key acts on every tenant, its weights, limits and pauses: only a
+#: superuser, or a staff user given this permission, may create one or change its scope.
+ALL_TENANTS_PERMISSION = "pgqueue.add_all_tenants_apikey"
+
+
+def key_refusal(user: Any, all_tenants: bool) -> str | None:
+    """Why ``user`` may not create (or rescope) a key of that kind, or None: a staff user
+    never hands out a key that can do more than they may themselves."""
+    if all_tenants and not user.has_perm(ALL_TENANTS_PERMISSION):
+        return (
+            "an all-tenants key acts on every tenant: only a superuser, or a user with the "
+            f"{ALL_TENANTS_PERMISSION!r} permission, may create or change one; choose a tenant"
+        )
+    missing = [p for p in TENANT_KEY_PERMISSIONS if not user.has_perm(p)]
+    if missing:
+        return (
+            "a key lets its holder enqueue, read, cancel and retry jobs; you would need "
+            f"{', '.join(missing)} to hand that out"
+        )
+    return None
+
+
 class ApiKeyForm(forms.ModelForm):
-    """The scope fields as comma-separated names, checked as ``keys`` checks them."""
+    """The scope fields as comma-separated names, checked as ``keys`` checks them; who
+    may create which key, as ``key_refusal`` says (``user``: set by ApiKeyAdmin.get_form)."""
 
     tasks = NameListField(required=False, help_text="a, b: the only tasks it may enqueue")
     queues = NameListField(required=False, help_text="q1, q2: the only queues it may use")
+    user: Any = None
 
     class Meta:
         model = ApiKey
@@ -43,6 +70,15 @@ class ApiKeyForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        if self.user is not None:
+            existing = self.instance.pk is not None
+            all_tenants = (
+                self.instance.tenant_id is None if existing else data.get("tenant") is None
+            )
+            refusal = key_refusal(self.user, all_tenants)
+            if refusal:
+                self.add_error(None if existing else "tenant", refusal)
+                return data
         try:
             keys.validate_scope(
                 tasks=data.get("tasks"),
@@ -75,6 +111,11 @@ class ApiKeyAdmin(admin.ModelAdmin):
     created = timestamp("created_at")
     last_used = timestamp("last_used_at", "last used")
     revoked = timestamp("revoked_at")
+
+    def get_form(self, request: Any, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        """The form, knowing who fills it in (a class of its own per request)."""
+        form = super().get_form(request, obj, change=change, **kwargs)
+        return type(form.__name__, (form,), {"user": request.user})
 
     def get_readonly_fields(self, request: Any, obj: Any = None) -> list[str]:
         """A key's tenant and name are fixed once it exists; only its scope changes."""

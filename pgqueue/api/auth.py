@@ -112,8 +112,17 @@ class Scope:
         return self.tenant is None or self.tenant == tenant
 
     def sees(self, job: Any) -> bool:
-        """A job this scope may read, cancel and retry: its tenant's, in its queues."""
-        return self.allows(job.tenant_id) and (not self.queues or job.queue in self.queues)
+        """A job this scope may read, cancel and retry: one it could have enqueued. Its
+        tenant's, of its tasks, in its queues, at most its priority; for a tenant key, also
+        of a task PGQUEUE["API_TASKS"] opens to the API. (An all-tenants key is an
+        operator's: API_TASKS bounds what it enqueues and retries, not what it reads.)"""
+        return (
+            self.allows(job.tenant_id)
+            and (not self.queues or job.queue in self.queues)
+            and (not self.tasks or job.task in self.tasks)
+            and job.priority <= self.max_priority
+            and (self.all_tenants or keys.api_may_enqueue(job.task, pgqueue_settings.API_TASKS))
+        )
 
     def check_enqueue(self, task: str, queue: str, priority: int) -> None:
         """Refuse (403 naming the field) a job this scope may not enqueue, before any write.
@@ -206,6 +215,19 @@ class MetricsAccess(AllTenants):
         return bool(pgqueue_settings.METRICS_PUBLIC) or super().has_permission(request, view)
 
 
+def client_address(request: Any) -> str:
+    """The address a request came from: the connection's, or, behind
+    PGQUEUE["API_TRUSTED_PROXIES"] proxies, the one the outermost of them saw (that many
+    entries from the right of X-Forwarded-For). A client writes X-Forwarded-For as it
+    likes: trusted blindly (as DRF's ``get_ident`` does without NUM_PROXIES), it would let
+    an attacker spend a victim's budget of failed authentications, or evade its own."""
+    remote = request.META.get("REMOTE_ADDR", "")
+    proxies = int(pgqueue_settings.API_TRUSTED_PROXIES)
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "") if proxies > 0 else ""
+    hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
+    return hops[-min(proxies, len(hops))] if hops else remote
+
+
 class KeyRateThrottle(throttling.SimpleRateThrottle):
     """Per-key (or per-user, or per-address) rate limit, off unless API_RATE_LIMIT is set.
 
@@ -231,7 +253,7 @@ class KeyRateThrottle(throttling.SimpleRateThrottle):
         elif request.user and request.user.is_authenticated:
             ident = f"user:{request.user.pk}"
         else:
-            ident = f"addr:{self.get_ident(request)}"
+            ident = f"addr:{client_address(request)}"
         return f"pgqueue-throttle:{ident}"
 
 
@@ -240,9 +262,10 @@ class AuthFailureThrottle(throttling.SimpleRateThrottle):
 
     Only failures count, so a guesser's budget is spent and a working client's is not; once
     an address is over it, its Bearer requests are refused before any key is looked up, so
-    guessing costs the attacker time and the database nothing. The address is DRF's
-    ``get_ident`` (REMOTE_ADDR, or X-Forwarded-For under REST_FRAMEWORK["NUM_PROXIES"]).
-    Like DRF's throttles, the history lives in Django's cache: share it between processes.
+    guessing costs the attacker time and the database nothing. The address is
+    ``client_address``'s: the connection's unless PGQUEUE["API_TRUSTED_PROXIES"] says
+    proxies stand in front. Like DRF's throttles, the history lives in Django's cache:
+    share it between processes.
     """
 
     scope = "pgqueue-auth-failure"
@@ -251,7 +274,7 @@ class AuthFailureThrottle(throttling.SimpleRateThrottle):
         return pgqueue_settings.AUTH_FAILURE_RATE
 
     def get_cache_key(self, request: Any, view: Any) -> str:
-        return f"pgqueue-auth-failures:{self.get_ident(request)}"
+        return f"pgqueue-auth-failures:{client_address(request)}"
 
     def _history(self, request: Any) -> list[float] | None:
         """The failures still inside the window, or None when the throttle is off."""

@@ -158,8 +158,15 @@ class JobsView(PgQueueView):
                 idempotency_key=key,
                 **_options(data),
             )
-        if not created and not scope.allows(job.tenant_id):  # cannot happen: keys are per tenant
-            raise ApiError(404, "not_found", "no such job")
+        if not created and not scope.sees(job):
+            # The tenant's key names a job this credential may not see (another queue or
+            # task): say the key is taken, show nothing of that job.
+            raise ApiError(
+                409,
+                "conflict",
+                "idempotency_key: already used by a job this API key may not see",
+                {"idempotency_key": "already used by a job this API key may not see"},
+            )
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if created else 200)
 
     @extend_schema(
@@ -304,6 +311,8 @@ class JobRetryView(PgQueueView):
     )
     def post(self, request: Request, job_id: str) -> Response:
         job = _visible_job(request, int(job_id))
+        # A retry runs the job again: it may only be asked for what could be enqueued.
+        scope_of(request).check_enqueue(job.task, job.queue, job.priority)
         return Response(JobSerializer(services.retry(job.id)).data)
 
 

@@ -38,7 +38,7 @@ STATUSES = {
 #: Attempt outcomes that count as attempts of the current run of a job.
 ATTEMPT_OUTCOMES = (Outcome.DONE, Outcome.FAILED, Outcome.LEASE_EXPIRED)
 _FINISHED = (Status.DONE, Status.DEAD, Status.CANCELLED)
-_CLASS_PATH_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_CLASS_PATH_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 
 class LeaseExpired(Exception):

@@ -37,6 +37,7 @@ from django.db import close_old_connections
 from ..conf import pgqueue_settings
 from ..exceptions import PermanentError, UnknownTask
 from ..log import job_context
+from ..nesting import nested_deeper_than
 from ..registry import get_task
 from ..store import ClaimedJob
 from .context import JobContext
@@ -388,6 +389,9 @@ def encode_result(value: Any) -> str | None:
     """
     if value is None:
         return None
+    depth = int(pgqueue_settings.MAX_JSON_DEPTH)
+    if nested_deeper_than(value, depth):
+        raise ResultNotStorable(f"nested more than {depth} levels deep (PGQUEUE['MAX_JSON_DEPTH'])")
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except RecursionError:

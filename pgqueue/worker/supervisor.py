@@ -18,16 +18,38 @@ from collections.abc import Sequence
 logger = logging.getLogger("pgqueue.worker")
 
 
+class RestartBackoff:
+    """When to restart a slot's child that died on its own: at once-ish (FIRST seconds)
+    after a child that had run HEALTHY seconds or longer, else twice the slot's last wait,
+    at most MAX. Each slot has its own: one crashing child slows no other."""
+
+    FIRST = 0.5
+    MAX = 30.0
+    HEALTHY = 30.0
+
+    def __init__(self) -> None:
+        self._last: dict[int, float] = {}
+
+    def delay(self, slot: int, ran: float) -> float:
+        """The wait before restarting ``slot``, whose child ran ``ran`` seconds."""
+        last = self._last.get(slot)
+        delay = self.FIRST if last is None or ran >= self.HEALTHY else min(last * 2, self.MAX)
+        self._last[slot] = delay
+        return delay
+
+
 class Supervisor:
     def __init__(self, child_argv: Sequence[str], processes: int, *, restart: bool) -> None:
         self.child_argv = list(child_argv)
         self.processes = processes
         self.restart = restart  # False with --burst / --max-jobs: a child that ends is done
         self.children: dict[int, subprocess.Popen] = {}
+        self.started: dict[int, float] = {}  # slot -> time.monotonic() its child started
         self.signals = 0
 
     def _spawn(self, slot: int) -> None:
         self.children[slot] = subprocess.Popen(self.child_argv)
+        self.started[slot] = time.monotonic()
         logger.info("event=child_started slot=%d pid=%d", slot, self.children[slot].pid)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -37,13 +59,17 @@ class Supervisor:
                 child.send_signal(signum)
 
     def run(self) -> int:
+        """Watch the children every 0.1 s: nothing here sleeps longer, so a signal is
+        acted on at once, and a slot waiting to restart its child holds up no other."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         for slot in range(self.processes):
             self._spawn(slot)
-        restarts: dict[int, float] = {}
+        backoff = RestartBackoff()
+        due: dict[int, float] = {}  # slot -> time.monotonic() to restart its child at
         failed = False
-        while self.children:
+        while self.children or (due and not self.signals):
+            now = time.monotonic()
             for slot, child in list(self.children.items()):
                 code = child.poll()
                 if code is None:
@@ -56,7 +82,7 @@ class Supervisor:
                     continue
                 # A child died on its own (crash, OOM kill): its leases recover its jobs;
                 # start a new one, backing off if it keeps dying.
-                delay = restarts.get(slot, 0.5)
+                delay = backoff.delay(slot, now - self.started[slot])
                 logger.warning(
                     "event=child_died slot=%d pid=%d code=%s restart_in=%.1fs",
                     slot,
@@ -64,9 +90,12 @@ class Supervisor:
                     code,
                     delay,
                 )
-                time.sleep(delay)
-                restarts[slot] = min(delay * 2, 30.0)
-                if not self.signals:
+                due[slot] = now + delay
+            for slot, at in list(due.items()):
+                if self.signals:
+                    due.clear()  # stopping: nothing is restarted
+                elif now >= at:
+                    del due[slot]
                     self._spawn(slot)
             if self.signals > 1:
                 return 1

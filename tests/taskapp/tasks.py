@@ -120,6 +120,11 @@ def _poison_outcome(kind):
         return [float("inf")]
     if kind == "big_result":
         return "x" * 5000
+    if kind == "deep_result":  # deeper than MAX_JSON_DEPTH (100), shallow for json.dumps
+        value: list = []
+        for _ in range(150):
+            value = [value]
+        return value
     if kind == "unprintable_error":
         raise _UnprintableError()
     if kind == "huge_error":
