@@ -4,7 +4,8 @@ FROM python:3.12-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     DJANGO_SETTINGS_MODULE=demo_project.settings \
-    STATIC_ROOT=/app/static
+    STATIC_ROOT=/app/static \
+    CACHE_DIR=/tmp/pgqueue-cache
 
 WORKDIR /app
 RUN useradd --create-home --uid 10001 pgqueue

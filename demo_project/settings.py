@@ -69,6 +69,18 @@ TIME_ZONE = "UTC"
 STATIC_URL = "static/"
 STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", BASE_DIR / ".static"))
 
+# The API's throttles (failed authentications per address, PGQUEUE["API_RATE_LIMIT"]) count
+# in Django's cache: the demo's gunicorn runs several processes, which must share it or
+# each would count alone (20 bad keys a minute per process, not per address). A file cache
+# is shared by the processes of one host without another server; a deployment on several
+# hosts uses Redis, Memcached or the database cache instead.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+        "LOCATION": os.environ.get("CACHE_DIR", str(BASE_DIR / ".cache")),
+    }
+}
+
 # Every PGQUEUE setting can be given as PGQUEUE_<NAME> in the environment.
 PGQUEUE: dict = {}
 for _key, _value in os.environ.items():

@@ -10,6 +10,9 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 # The suite decides its own PGQUEUE settings; none leak in from the environment.
 PGQUEUE: dict = {}
+# One test process: its own memory is cache enough (the demo shares a file cache between
+# gunicorn's processes), and nothing is left on disk.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # A second alias on the same server, its own database (<default's name>_q), for the tests
 # of PGQUEUE["DATABASE"] (tests/test_queue_database.py): pytest-django creates its test
