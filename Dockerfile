@@ -20,4 +20,4 @@ RUN python manage.py collectstatic --no-input -v 0
 
 USER pgqueue
 EXPOSE 8000
-CMD ["gunicorn", "demo_project.wsgi", "--bind", "0.0.0.0:8000", "--workers", "2", "--access-logfile", "-"]
+CMD ["gunicorn", "demo_project.wsgi", "--config", "demo_project/gunicorn.conf.py", "--bind", "0.0.0.0:8000"]

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,19 @@ def test_demo_commands_work_as_printed(tmp_path: Path) -> None:
         assert [h["outcome"] for h in job["history"]] == ["done"]
         exposition = _shell(f"{export}\n{metrics}")
         assert 'pgqueue_jobs{queue="default",status="done"} 1.0' in exposition
+
+        # Four clients that connect and send half a request (slow, or gone) hold no one
+        # up: the demo's gunicorn runs threads (demo_project/gunicorn.conf.py). With its
+        # two sync workers, two such sockets stalled every other request for 30 s.
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        try:
+            for sock in idle[:2]:  # half a request; the others send nothing at all
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: demo\r\n")
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as page:
+                assert page.status == 200
+        finally:
+            for sock in idle:
+                sock.close()
 
         # The README's tour is these same commands, on the default port.
         readme = _readme_commands()

@@ -65,6 +65,22 @@ def test_queue_limits_pause_and_resume_over_http(api):
     assert api.post("/tenants/acme/resume", {"queue": "q"}, format="json").status_code == 200
 
 
+def test_a_tenant_key_reads_no_queue_and_no_position():
+    """Queues are every tenant's: their names and running jobs, and a job's position
+    among every tenant's jobs, are an operator's read. Protection: ``_queue_visible``
+    refuses tenant keys, JobView drops the position; without them a tenant key listed
+    other tenants' queues and load, and counted the tenants ahead of it."""
+    operator = client(new_key())
+    pgqueue.enqueue("test.noop", {}, tenant="globex", queue="globex-only")  # ahead of acme's
+    mine, _ = pgqueue.enqueue("test.noop", {}, tenant="acme", queue="globex-only")
+    assert operator.get(f"/jobs/{mine.id}").json()["position"] == "1"
+    tenant_api = client(new_key("acme"))
+    assert_error(tenant_api.get("/queues"), 403, code="forbidden")
+    assert_error(tenant_api.get("/queues/globex-only"), 403, code="forbidden")
+    data = tenant_api.get(f"/jobs/{mine.id}").json()
+    assert (data["waiting_for"], data["position"]) == ("turn", None)
+
+
 def test_a_tenant_key_cannot_set_limits_or_pause():
     tenant_api = client(new_key("acme"))
     assert_error(tenant_api.put("/tenants/acme", {"max_running": 1}, format="json"), 403)

@@ -21,9 +21,19 @@ QueueList = inline_serializer(
 )
 
 
-def _queue_visible(request: Request, name: str) -> None:
+def _queue_visible(request: Request, name: str | None = None) -> None:
+    """Queues are shared by every tenant: their names and running jobs are an operator's
+    read (a session, an all-tenants key), not a tenant key's, which would learn other
+    tenants' queues and load. A key's queue scope still hides the queues outside it."""
     scope = scope_of(request)
-    if scope.queues and name not in scope.queues:
+    if not scope.all_tenants:
+        raise ApiError(
+            403,
+            "forbidden",
+            "queues are shared by every tenant: an all-tenants API key or a staff session "
+            "may read them",
+        )
+    if name is not None and scope.queues and name not in scope.queues:
         raise ApiError(404, "not_found", f"queue {name!r} does not exist")
 
 
@@ -34,6 +44,7 @@ class QueuesView(PgQueueView):
         responses={200: QueueList, **ERRORS},
     )
     def get(self, request: Request) -> Response:
+        _queue_visible(request)
         rows = limits_summaries(request)
         return Response({"count": len(rows), "results": QueueSerializer(rows, many=True).data})
 

@@ -100,7 +100,8 @@ class JobDetailSerializer(JobSerializer):
         "queue_cap, rate_limit or turn; null otherwise"
     )
     position = serializers.SerializerMethodField(
-        help_text='with "turn": the jobs ahead of it, counted up to COUNT_CAP ("1000+")'
+        help_text='with "turn": the jobs ahead of it, counted up to COUNT_CAP ("1000+"); '
+        "null for a tenant key (they are every tenant's jobs)"
     )
 
     class Meta(JobSerializer.Meta):

@@ -288,7 +288,12 @@ class JobView(PgQueueView):
         responses={200: JobDetailSerializer, **ERRORS},
     )
     def get(self, request: Request, job_id: str) -> Response:
-        return Response(JobDetailSerializer(_visible_job(request, int(job_id))).data)
+        data = JobDetailSerializer(_visible_job(request, int(job_id))).data
+        if not scope_of(request).all_tenants:
+            # The jobs ahead count every tenant's: how busy the queue is and how many
+            # tenants are in it are not a tenant key's to read.
+            data["position"] = None
+        return Response(data)
 
     @extend_schema(
         summary="Cancel a scheduled or queued job; ask a running one to stop (202, cancelling)",
