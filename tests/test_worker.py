@@ -616,3 +616,27 @@ def test_processes_restart_a_child_killed_with_sigkill(workers: StartWorker) -> 
         WorkerRow.objects.get(pk=worker_id).stopped_at is not None
         for worker_id in [*replacement, *(i for i in children if i != victim_id)]
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stopped_worker_leaves_no_thread_or_process_of_a_handler_behind(
+    workers: StartWorker, tmp_path: Path
+) -> None:
+    """A handler that starts a non-daemon thread and forks a child, both sleeping a
+    minute, does not keep its worker from exiting: the burst ends with status 0 in a few
+    seconds, the log names what was left, and the forked child is gone.
+
+    Protection: runworker's ``leave`` ends the children its handlers left and exits
+    without waiting for their threads. Without it Python waits for the thread (a minute)
+    and the forked child outlives the worker, an orphan."""
+    pid_file = tmp_path / "child.pid"
+    job, _ = pgqueue.enqueue("test.leave_behind", {"pid_file": str(pid_file)}, tenant="acme")
+    w = workers("--burst", "--concurrency", "1")
+    assert w.wait_exit(STARTUP) == 0
+    assert Job.objects.get(pk=job.id).status == "done"
+    child = int(pid_file.read_text())
+    wait_for(lambda: process_gone(child), 10, "the forked child to be ended")
+    log = w.log()
+    assert "event=threads_left_behind count=1 names=left-behind" in log, log
+    assert f"event=processes_left_behind pids={child} action=ended" in log, log
+    assert "_after_fork" not in log, log  # the fork ran Python's after-fork hook cleanly

@@ -37,22 +37,24 @@ class Listener(threading.Thread):
         #: Payloads other than a queue's name, each with what to call when it arrives (a
         #: worker's 'cancel:<worker id>'); a queue name cannot hold ':', so none collides.
         self.on_payload = dict(on_payload or {})
-        self._stop = threading.Event()
+        # Not ``_stop``: threading.Thread has a method of that name, which the hook Python
+        # runs in a forked child calls (a handler that forks would get a TypeError there).
+        self._stopping = threading.Event()
         self.connected = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
     def run(self) -> None:
         delay = 0.1
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 with psycopg.connect(**self.params, autocommit=True, connect_timeout=10) as conn:
                     conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.channel)))
                     self.connected.set()
                     delay = 0.1
                     self.wake()  # anything sent while we were away was missed: look now
-                    while not self._stop.is_set():
+                    while not self._stopping.is_set():
                         for note in conn.notifies(timeout=1.0):
                             if note.payload in self.queues:
                                 self.wake()
@@ -63,6 +65,6 @@ class Listener(threading.Thread):
                 logger.warning(
                     "event=listen_error error=%r retry_in=%.1fs", str(exc).strip(), delay
                 )
-                self._stop.wait(delay * (0.5 + random.random()))
+                self._stopping.wait(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 5.0)
         self.connected.clear()

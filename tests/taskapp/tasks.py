@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import os
 import sys
 import threading
 import time
@@ -280,3 +281,21 @@ async def async_until_cancelled(payload, job):
         _note(payload, "observed", "CancelledError")
         raise
     return {"ignored": True}
+
+
+# -- what a handler leaves behind (tests/test_worker.py) ------------------------------------
+
+
+@pgqueue.task(name="test.leave_behind")
+def leave_behind(payload, job):
+    """Start a non-daemon thread that sleeps a minute, and fork a child that sleeps a
+    minute (its pid written to ``payload["pid_file"]``), then return at once."""
+    threading.Thread(target=time.sleep, args=(60,), name="left-behind", daemon=False).start()
+    pid = os.fork()
+    if pid == 0:  # the child: sleep, never return into the worker's code
+        try:
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    Path(payload["pid_file"]).write_text(str(pid))
+    return {"child": pid}

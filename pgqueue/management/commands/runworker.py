@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -135,7 +139,76 @@ class Command(BaseCommand):
             status = worker.run()
         except DatabaseUnreachable as exc:
             raise CommandError(f"pgqueue worker: {exc}") from None  # one line on stderr, 1
+        leave(status)
+
+
+def leave(status: int) -> None:
+    """Exit with ``status`` once the worker has stopped (every job in hand recorded): end
+    the processes its handlers started and left running (SIGTERM, then SIGKILL after a
+    second), and do not wait for threads they left behind. Python waits for every
+    non-daemon thread before a process exits, so one a handler started and never ended
+    would keep a stopped worker alive for ever; and a process a handler forked would
+    outlive it, an orphan no one stops."""
+    log = logging.getLogger("pgqueue.worker")
+    ended = end_children()
+    if ended:
+        log.warning("event=processes_left_behind pids=%s action=ended", ",".join(map(str, ended)))
+    leftover = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and not t.daemon and t.is_alive()
+    ]
+    if not leftover:
         sys.exit(status)
+    log.warning(
+        "event=threads_left_behind count=%d names=%s action=exit_without_them",
+        len(leftover),
+        ",".join(leftover[:20]),
+    )
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
+def end_children(grace: float = 1.0) -> list[int]:
+    """SIGTERM this process's child processes still running (read from /proc: on other
+    systems, none is found), SIGKILL those still there after ``grace`` seconds; returns
+    their pids. A grandchild a handler detached (a double fork) is out of reach."""
+    me = os.getpid()
+    children = []
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stat = entry.read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) > 1 and fields[1] == str(me) and fields[0] != "Z":
+            children.append(int(entry.parent.name))
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    alive = list(children)
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if not _reaped(pid)]
+        if alive:
+            time.sleep(0.02)
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        _reaped(pid)
+    return children
+
+
+def _reaped(pid: int) -> bool:
+    """Reap ``pid`` if it has exited; True once it is gone."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True  # not ours to wait for (or already reaped)
+    return done == pid
 
 
 def _configure_logging(verbosity: int) -> None:
