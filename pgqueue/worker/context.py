@@ -41,7 +41,6 @@ class JobContext:
         "queue",
         "settled",
         "start_written",
-        "started",
         "task",
         "tenant",
         "timeout",
@@ -76,7 +75,6 @@ class JobContext:
         #: it and its handler began (None until then: it waits, claimed ahead).
         self.claimed = time.monotonic()
         self.began: float | None = None
-        self.started = False
         #: Its start was written to the job's row (by a heartbeat round).
         self.start_written = False
         self.future: Any = None
@@ -94,10 +92,15 @@ class JobContext:
     def mark_started(self) -> None:
         """The executor's, as a thread takes the job: its handler begins now."""
         if self.began is None:
-            self.began = time.monotonic()
-            if self.timeout is not None:
-                self.deadline = self.began + self.timeout
-        self.started = True
+            now = time.monotonic()
+            if self.timeout is not None:  # set first: a loop that sees began sees it too
+                self.deadline = now + self.timeout
+            self.began = now
+
+    @property
+    def started(self) -> bool:
+        """Its handler has begun (a thread took it): no longer one to give back."""
+        return self.began is not None
 
     @property
     def lost(self) -> bool:

@@ -230,9 +230,8 @@ class JobExecutor:
             if ctx.timeout is not None and self.timing is not None:
                 self.timing()
             outcome = self._run(ctx)
-            if outcome.ended is None:
-                outcome.ended = time.monotonic()
-                outcome.duration = outcome.ended - (ctx.began or outcome.ended)
+            if outcome.ended is None:  # an outcome _run made itself (a BaseException)
+                _ended(outcome)
             self.deliver(outcome)
 
     def _run(self, ctx: JobContext) -> HandlerOutcome:
