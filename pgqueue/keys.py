@@ -13,6 +13,7 @@ import secrets
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from .conf import queue_db
@@ -68,6 +69,20 @@ def api_may_enqueue(task: str, allowed: Any) -> bool:
     if _django_task_name(task):
         return False
     return any(e.endswith("*") and task.startswith(e[:-1]) for e in allowed)
+
+
+def api_tasks_q(allowed: Any) -> Q:
+    """``api_may_enqueue`` as a filter on jobs' ``task`` (a list of a tenant key's jobs
+    shows only what it could read one by one)."""
+    if allowed is None:
+        return Q(task__in=[t for t in registered_tasks() if not _django_task_name(t)])
+    wanted = Q(task__in=list(allowed))
+    for entry in allowed:
+        if entry.endswith("*"):
+            wanted |= Q(task__startswith=entry[:-1]) & ~(
+                Q(task=DJANGO_TASKS_FAMILY) | Q(task__startswith=f"{DJANGO_TASKS_FAMILY}:")
+            )
+    return wanted
 
 
 def _names(values: Any, field: str) -> list[str]:

@@ -134,6 +134,24 @@ class TestKeyScope:
             assert_error(response, 404)
         assert Job.objects.get(pk=other["id"]).status == "dead"
 
+    @override_settings(PGQUEUE={"API_TASKS": ["test.noop", "test.e*"]})
+    def test_a_keys_list_holds_only_the_jobs_it_could_read_one_by_one(self):
+        """GET /jobs of a key lists what ``Scope.sees`` lets it read (payloads included):
+        not the jobs of another task, above its priority, or (a tenant key) of a task
+        API_TASKS does not open. Protection: the list's filters in JobsView.get; without
+        them a key scoped to test.noop listed its tenant's test.echo jobs and payloads."""
+        noop, _ = pgqueue.enqueue("test.noop", {}, tenant="acme")
+        echo, _ = pgqueue.enqueue("test.echo", {"secret": 1}, tenant="acme")
+        pgqueue.enqueue("test.noop", {}, tenant="acme", priority=5)
+        pgqueue.enqueue("test.log", {"word": "w"}, tenant="acme")  # not opened to the API
+
+        def listed(key: str) -> set[int]:
+            return {j["id"] for j in client(key).get("/jobs").json()["results"]}
+
+        assert listed(scoped(tasks=["test.noop"])) == {noop.id}
+        assert listed(new_key("acme")) == {noop.id, echo.id}  # TENANT_MAX_PRIORITY 0
+        assert len(listed(new_key())) == 4  # an operator's key lists every job
+
     @override_settings(PGQUEUE={"API_TASKS": ["test.noop"]})
     def test_api_tasks_bound_a_tenant_keys_per_job_endpoints(self):
         """A tenant key cannot reach a job of a task the API may not enqueue, even of its

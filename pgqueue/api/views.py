@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import pages, reads, services
+from .. import keys, pages, reads, services
 from ..conf import pgqueue_settings, queue_db
 from ..limits import set_tenant_limits
 from ..models import Job, Status
@@ -198,10 +198,15 @@ class JobsView(PgQueueView):
         params = request.query_params
         jobs = Job.objects.using(queue_db()).all()
         scope = scope_of(request)
+        # What the key could read job by job (Scope.sees), and nothing else.
         if scope.tenant is not None:
-            jobs = jobs.filter(tenant_id=scope.tenant)
+            jobs = jobs.filter(keys.api_tasks_q(pgqueue_settings.API_TASKS), tenant_id=scope.tenant)
         if scope.queues:
             jobs = jobs.filter(queue__in=scope.queues)
+        if scope.tasks:
+            jobs = jobs.filter(task__in=scope.tasks)
+        if scope.max_priority < 100:
+            jobs = jobs.filter(priority__lte=scope.max_priority)
         if "status" in params:
             if params["status"] not in Status.values:
                 raise bad_field("status", f"must be one of {', '.join(Status.values)}")
