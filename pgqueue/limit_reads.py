@@ -122,13 +122,14 @@ def exported_limits(limit: int, *, using: str | None = None) -> tuple[int, list[
     return (rows[0][-1] if rows else 0), out
 
 
-def waiting_for(job: Job, *, using: str | None = None) -> dict[str, Any]:
+def waiting_for(job: Job, *, using: str | None = None, position: bool = True) -> dict[str, Any]:
     """Why a scheduled or queued job waits: ``{"waiting_for": reason, "position": ...}``.
 
     Reasons: "backoff" (scheduled after a failed attempt), "run_at" (scheduled for later),
     "paused", "tenant_cap", "queue_cap", "rate_limit", or "turn" with ``position``, the
-    jobs ahead of it in line, up to COUNT_CAP ("1000+" past it). Both None for a job that
-    is running or finished. A snapshot: the claim decides a moment later.
+    jobs ahead of it in line, up to COUNT_CAP ("1000+" past it; None without
+    ``position``: not counted). Both None for a job that is running or finished. A
+    snapshot: the claim decides a moment later.
     """
     if job.status == Status.SCHEDULED:
         return {"waiting_for": "backoff" if job.attempts > 0 else "run_at", "position": None}
@@ -154,7 +155,7 @@ def waiting_for(job: Job, *, using: str | None = None) -> dict[str, Any]:
             tokens = tokens_now(row, now)
             if tokens is not None and tokens < 1:
                 return {"waiting_for": "rate_limit", "position": None}
-    return {"waiting_for": "turn", "position": _position(job, using)}
+    return {"waiting_for": "turn", "position": _position(job, using) if position else None}
 
 
 def _position(job: Job, using: str | None) -> str:

@@ -112,7 +112,7 @@ class JobDetailSerializer(JobSerializer):
         if not hasattr(job, "_waiting"):
             from ..limit_reads import waiting_for
 
-            job._waiting = waiting_for(job)
+            job._waiting = waiting_for(job, position=self.context.get("position", True))
         return job._waiting
 
     def get_waiting_for(self, job: Job) -> str | None:

@@ -198,7 +198,8 @@ class JobsView(PgQueueView):
         params = request.query_params
         jobs = Job.objects.using(queue_db()).all()
         scope = scope_of(request)
-        # What the key could read job by job (Scope.sees), and nothing else.
+        # What the key could read job by job, and nothing else: Scope.sees as filters
+        # (tests/test_api_scope.py holds the two to the same jobs).
         if scope.tenant is not None:
             jobs = jobs.filter(keys.api_tasks_q(pgqueue_settings.API_TASKS), tenant_id=scope.tenant)
         if scope.queues:
@@ -293,12 +294,11 @@ class JobView(PgQueueView):
         responses={200: JobDetailSerializer, **ERRORS},
     )
     def get(self, request: Request, job_id: str) -> Response:
-        data = JobDetailSerializer(_visible_job(request, int(job_id))).data
-        if not scope_of(request).all_tenants:
-            # The jobs ahead count every tenant's: how busy the queue is and how many
-            # tenants are in it are not a tenant key's to read.
-            data["position"] = None
-        return Response(data)
+        # The jobs ahead are every tenant's: how busy the queue is, and how many tenants
+        # are in it, are not a tenant key's to read (nor counted for one).
+        context = {"position": scope_of(request).all_tenants}
+        job = _visible_job(request, int(job_id))
+        return Response(JobDetailSerializer(job, context=context).data)
 
     @extend_schema(
         summary="Cancel a scheduled or queued job; ask a running one to stop (202, cancelling)",
