@@ -136,6 +136,11 @@ DEFAULTS: dict[str, Any] = {
     # GET /jobs) are exact up to this many; past it they read "N+" (or, for GET /jobs, an
     # estimate flagged count_is_estimate), so no page or scrape reads every job.
     "COUNT_CAP": 1000,
+    # Most jobs one page of GET /jobs (or one `manage.py pgqueue jobs`) examines: the
+    # newest this many in the key's reach (every job, or one tenant's) past the cursor,
+    # filtered. A filter that matches none of them gives a short or empty page whose
+    # "next" goes on below them, so no filter makes a request read the whole history.
+    "LIST_WINDOW": 10_000,
     # Most bytes of JSON one page of GET /jobs carries; the page ends early (its "next"
     # goes on from there) rather than go past it. One job is always returned.
     "API_PAGE_BYTES": 1024 * 1024,

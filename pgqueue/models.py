@@ -196,8 +196,11 @@ class Job(models.Model):
                 condition=Q(status="scheduled"),
                 name="pgqueue_job_scheduled_level",
             ),
-            # Per-tenant counts and listings (the API's /tenants, tenant keys, the admin).
+            # Per-tenant counts (the API's /tenants, the admin's tenant list).
             models.Index(fields=["tenant", "status"], name="pgqueue_job_tenant_status"),
+            # One tenant's jobs newest first: GET /jobs of a tenant key or ?tenant= examines
+            # a window of them (pages.window_edge), however few the tenant's share is.
+            models.Index(fields=["tenant", "id"], name="pgqueue_job_tenant_id"),
             # Bounded counts of finished jobs by queue (reads.job_counts: at most
             # FINISHED_COUNT_CAP + 1 entries per queue and status) and the skip scan of the
             # queues that have any. Finished rows only: enqueue and claim never write it.

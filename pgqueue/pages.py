@@ -26,7 +26,7 @@ from django.db.models import (
 from django.db.models.functions import Cast
 
 from . import read_sql
-from .conf import queue_db
+from .conf import pgqueue_settings, queue_db
 from .models import (
     Job,
     JobAttempt,
@@ -47,30 +47,35 @@ def job_list(
     created_before: dt.datetime | None = None,
     limit: int = 50,
     using: str | None = None,
-) -> tuple[list[Job], bool]:
-    """Up to ``limit`` jobs matching GET /jobs' filters, newest (highest id) first, and
-    whether more match: ``manage.py pgqueue jobs``.
+) -> tuple[list[Job], bool, bool]:
+    """Up to ``limit`` jobs matching GET /jobs' filters, newest (highest id) first, whether
+    more match among those examined, and whether older jobs were left unexamined:
+    ``manage.py pgqueue jobs``.
 
-    No count: counting the matches of a filter like ``status=done`` reads every finished
-    row. One row past the limit says whether more exist instead. A backward scan of the
-    primary key, filtered, stopped after ``limit + 1`` rows (when a filter matches few rows
-    of a long history, it walks that history: the same plan as GET /jobs' page).
+    The same window as GET /jobs' first page (``window_edge``): the newest LIST_WINDOW jobs
+    (of ``tenant``, when named), filtered. No count: counting the matches of a filter like
+    ``status=done`` reads every finished row. One row past the limit says whether more
+    exist instead.
     """
-    jobs = Job.objects.using(queue_db(using)).all()
+    in_reach = Job.objects.using(queue_db(using)).all()
+    if tenant is not None:
+        in_reach = in_reach.filter(tenant_id=tenant)
+    jobs = in_reach
     if status is not None:
         jobs = jobs.filter(status=status)
     if queue is not None:
         jobs = jobs.filter(queue=queue)
-    if tenant is not None:
-        jobs = jobs.filter(tenant_id=tenant)
     if task is not None:
         jobs = jobs.filter(task=task)
     if created_after is not None:
         jobs = jobs.filter(created_at__gte=created_after)
     if created_before is not None:
         jobs = jobs.filter(created_at__lte=created_before)
+    edge = window_edge(in_reach, key=None, backward=False)
+    if edge is not None:
+        jobs = jobs.filter(id__gte=edge)
     rows = list(jobs.order_by("-id")[: limit + 1])
-    return rows[:limit], len(rows) > limit
+    return rows[:limit], len(rows) > limit, edge is not None
 
 
 def job_history(
@@ -107,17 +112,48 @@ def periodic_schedules(shown: int, *, using: str | None = None) -> list[dict[str
 # -- GET /jobs ---------------------------------------------------------------------------
 
 
-def bounded_count(jobs: QuerySet[Job]) -> tuple[int, bool]:
+def list_window() -> int:
+    """How many jobs in reach one page of GET /jobs examines (``PGQUEUE["LIST_WINDOW"]``)."""
+    return int(pgqueue_settings.LIST_WINDOW)
+
+
+def window_edge(in_reach: QuerySet[Job], *, key: int | None, backward: bool) -> int | None:
+    """The id that closes a page's window: the LIST_WINDOW-th job of ``in_reach`` past the
+    cursor (older than ``key``, from the newest without one; newer than ``key`` with
+    ``backward``), or None when no job of ``in_reach`` lies past it: the window then runs
+    to the end.
+
+    ``in_reach`` is every job, or one tenant's: the ids alone, from the primary key or from
+    pgqueue_job_tenant_id (tenant, id), an index-only scan of LIST_WINDOW + 1 entries whatever
+    the history. The page and its count then read only ids between the cursor and this
+    edge, so a filter that matches little (a rare task, an unknown queue, an old date)
+    costs a window, not a walk of every job.
+    """
+    window = list_window()
+    if backward:
+        assert key is not None
+        ids = in_reach.filter(id__gt=key).order_by("id")
+    else:
+        ids = (in_reach if key is None else in_reach.filter(id__lt=key)).order_by("-id")
+    # The window's last id and the one past it: without a job past the window, the window
+    # already runs to the end.
+    found = list(ids.values_list("id", flat=True)[window - 1 : window + 1])
+    return found[0] if len(found) == 2 else None
+
+
+def bounded_count(jobs: QuerySet[Job], edge: int | None) -> tuple[int, bool]:
     """How many jobs ``jobs`` holds, and whether that is an estimate.
 
-    Exact up to COUNT_CAP: the ids are counted in a LIMITed subquery in id order (the
-    primary key, or the filter's index), which stops after COUNT_CAP + 1 rows. Past it, the
-    planner's estimate (TABLE_ROW_ESTIMATE unfiltered, QUERY_PLAN_ROWS filtered), never less
-    than the rows counted.
+    ``edge`` is the first page's (``window_edge`` from the newest): the matches among the
+    newest LIST_WINDOW jobs in reach are counted, up to COUNT_CAP + 1 (a LIMITed subquery in
+    id order). Exact when that window held every job in reach and the count stayed within
+    the cap; otherwise the planner's estimate (TABLE_ROW_ESTIMATE unfiltered,
+    QUERY_PLAN_ROWS filtered: no row read), never less than the rows counted.
     """
     cap = count_cap()
-    counted = jobs.order_by("-id")[: cap + 1].count()
-    if counted <= cap:
+    window = jobs if edge is None else jobs.filter(id__gte=edge)
+    counted = window.order_by("-id")[: cap + 1].count()
+    if edge is None and counted <= cap:
         return counted, False
     if not jobs.query.where:
         estimate = row_estimate(Job._meta.db_table, using=jobs.db) or 0
@@ -142,18 +178,22 @@ def job_list_page(
     *,
     key: int | None,
     backward: bool,
+    edge: int | None,
     offset: int,
     limit: int,
     field_bytes: int,
 ) -> list[Job]:
-    """Up to ``limit`` of ``jobs``, newest (highest id) first: older than ``key``, or, with
-    ``backward``, the ``limit`` newer than ``key`` nearest to it; ``offset`` rows skipped.
+    """Up to ``limit`` of ``jobs``, newest (highest id) first, within the window that
+    ``edge`` closes (``window_edge``): older than ``key``, or, with ``backward``, the
+    ``limit`` newer than ``key`` nearest to it; ``offset`` rows skipped.
 
     Keyset pagination on the primary key (``id < key ORDER BY id DESC``): a page costs the
-    same however deep, and stays put while jobs are added. Payloads and results come with
-    their size (``payload_bytes``, ``result_bytes``: octet_length of their JSON text) and are
-    only loaded when at most ``field_bytes`` (``payload_cut``, ``result_cut`` say otherwise),
-    so a page of large payloads is never carried from the database.
+    same however deep, and stays put while jobs are added. It reads ids between the cursor
+    and the edge only (at most LIST_WINDOW jobs in reach), through the primary key or
+    pgqueue_job_tenant_id. Payloads and results come with their size (``payload_bytes``,
+    ``result_bytes``: octet_length of their JSON text) and are only loaded when at most
+    ``field_bytes`` (``payload_cut``, ``result_cut`` say otherwise), so a page of large
+    payloads is never carried from the database.
     """
     annotations: dict[str, Any] = {}
     for field in ("payload", "result"):
@@ -168,11 +208,16 @@ def job_list_page(
     page = jobs.defer("payload", "result").annotate(**annotations)
     if backward:
         assert key is not None
-        rows = list(page.filter(id__gt=key).order_by("id")[offset : offset + limit])
+        page = page.filter(id__gt=key)
+        if edge is not None:
+            page = page.filter(id__lte=edge)
+        rows = list(page.order_by("id")[offset : offset + limit])
         rows.reverse()
     else:
         if key is not None:
             page = page.filter(id__lt=key)
+        if edge is not None:
+            page = page.filter(id__gte=edge)
         rows = list(page.order_by("-id")[offset : offset + limit])
     for job in rows:
         job.payload = job.payload_small if not job.payload_cut else None

@@ -8,7 +8,7 @@ driver (``%(name)s``), never formatted in.
 What every read of ``pgqueue.reads`` costs, raw or ORM. None reads every job: the live
 rows come from the partial indexes that hold only them, finished rows are counted up to
 ``PGQUEUE["COUNT_CAP"]`` (a BoundedCount, "N+", past it), and a page of GET /jobs is one
-keyset page of the primary key.
+keyset page of the primary key within a window of ``PGQUEUE["LIST_WINDOW"]`` jobs.
 
 =============================  =====================================================  ======
 read (reads.py)                what it reads                                          scans
@@ -38,10 +38,14 @@ unserved_queues                QUEUE_UNSERVED: one probe of pgqueue_job_claim an
                                pgqueue_worker
 unserved_tasks                 TASK_UNSERVED: pgqueue_worker, for the task names      no
                                asked for (a page of the admin's job list)
-bounded_count (GET /jobs)      ids in pk order, LIMIT COUNT_CAP + 1; past it          no
-                               TABLE_ROW_ESTIMATE or QUERY_PLAN_ROWS (no row read)
-job_list_page (GET /jobs)      ``id < cursor ORDER BY id DESC LIMIT n`` on the pk;    no**
-                               payload/result sizes, loaded only when small
+window_edge (GET /jobs, the    the LIST_WINDOW-th id past the cursor: an index-only   no
+CLI, the admin's job list)     scan of the pk or of pgqueue_job_tenant_id
+bounded_count (GET /jobs)      the matches between the newest window's edge and the   no
+                               newest job, up to COUNT_CAP + 1; past it (or past the
+                               window) TABLE_ROW_ESTIMATE or QUERY_PLAN_ROWS
+job_list_page (GET /jobs)      ``id < cursor AND id >= edge ORDER BY id DESC LIMIT    no
+                               n``: at most LIST_WINDOW jobs examined; payload/result
+                               sizes, loaded only when small
 exported_limits (limit_reads)  LIMIT_ROWS_EXPORTED: pgqueue_limit (a row per limited    no
                                scope), at most METRICS_LIMIT_SERIES rows
 =============================  =====================================================  ======
@@ -49,8 +53,6 @@ exported_limits (limit_reads)  LIMIT_ROWS_EXPORTED: pgqueue_limit (a row per lim
 ``*``: per tenant asked for (at most ``limit`` for a page of /tenants), its live jobs and
 at most COUNT_CAP + 1 finished ones of each status. The admin's tenant list sorts on these
 annotations across all tenants.
-``**``: unfiltered, or filtered on a common value. A filter that matches few jobs (a rare
-task, an old date) walks the primary key until it has found a page's worth.
 """
 
 from __future__ import annotations
@@ -244,13 +246,24 @@ SELECT count(*) FROM pgqueue_job j
  WHERE j.tenant = pgqueue_tenant.name AND j.status IN ('queued', 'scheduled')
 """
 
+# -- name: TENANT_JOBS_RUNNING (a correlated fragment of reads.tenant_counts)
+# The running jobs of the outer query's tenant: exact, live rows only (through
+# pgqueue_job_tenant_status or pgqueue_job_lease, both bounded by what runs).
+TENANT_JOBS_RUNNING = """
+SELECT count(*) FROM pgqueue_job j
+ WHERE j.tenant = pgqueue_tenant.name AND j.status = 'running'
+"""
+
 # -- name: TENANT_JOBS_IN_STATUS (a correlated fragment of reads.tenant_counts)
-# The jobs of the outer query's tenant in status %s, counted up to %s rows: an index-only
-# scan of pgqueue_job_tenant_status that stops there. Exact for the live status (running);
-# bounded for the finished ones, whose rows grow with the history.
+# The jobs of the outer query's tenant in finished status %s, counted up to %s rows: an
+# index-only scan of pgqueue_job_tenant_status (tenant, status) that stops there.
+# The status comes through a subquery so that the plan cannot know it: were it a constant,
+# the partial index pgqueue_job_finished (status, finished_at), or the primary key, would
+# serve "status = 'done' LIMIT n" with a filter on the tenant, which the planner costs as
+# stopping soon, and which for a tenant with no such job reads every finished row.
 TENANT_JOBS_IN_STATUS = """
 SELECT count(*) FROM (SELECT 1 FROM pgqueue_job j
-                       WHERE j.tenant = pgqueue_tenant.name AND j.status = %s
+                       WHERE j.tenant = pgqueue_tenant.name AND j.status = (SELECT %s::text)
                        LIMIT %s) n
 """
 

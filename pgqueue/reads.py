@@ -178,13 +178,13 @@ def tenant_counts(tenants: QuerySet[Tenant]) -> QuerySet[Tenant]:
     ``n_running``, ``n_done`` and ``n_dead``. A queryset, so the admin can sort on them.
 
     Correlated counts through pgqueue_job_tenant_status (TENANT_JOBS_BACKLOG,
-    TENANT_JOBS_IN_STATUS): the live ones exact, done and dead up to COUNT_CAP + 1 rows
-    (``bounded`` turns a figure past the cap into a BoundedCount).
+    TENANT_JOBS_RUNNING, TENANT_JOBS_IN_STATUS): the live ones exact, done and dead up to
+    COUNT_CAP + 1 rows (``bounded`` turns a figure past the cap into a BoundedCount).
     """
     stop = count_cap() + 1
     return tenants.annotate(
         n_backlog=RawSQL(read_sql.TENANT_JOBS_BACKLOG, ()),
-        n_running=RawSQL(read_sql.TENANT_JOBS_IN_STATUS, (Status.RUNNING.value, None)),
+        n_running=RawSQL(read_sql.TENANT_JOBS_RUNNING, ()),
         n_done=RawSQL(read_sql.TENANT_JOBS_IN_STATUS, (Status.DONE.value, stop)),
         n_dead=RawSQL(read_sql.TENANT_JOBS_IN_STATUS, (Status.DEAD.value, stop)),
     )

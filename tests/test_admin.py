@@ -16,7 +16,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
 from django.db import connection
-from django.test import Client
+from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django.utils.html import escape
@@ -238,6 +238,20 @@ class TestJobChangelist:
         wanted = services.enqueue("test.limited", {}).job.pk
         make_job("queued")
         assert listed_ids(admin_client.get(JOBS, {"q": "test.limited"})) == {wanted}
+
+    def test_the_list_holds_the_newest_list_window_jobs_and_an_id_finds_any(self, admin_client):
+        """No filter, search, sort or page reads the whole history: the list is the newest
+        LIST_WINDOW jobs (of the tenant filtered on); a job's id still finds an old one."""
+        old = services.enqueue("test.limited", {}, tenant="small").job.pk
+        newer = services.enqueue_many("test.echo", [{}] * 3, tenant="big")
+        with override_settings(PGQUEUE={"LIST_WINDOW": 3}):
+            assert listed_ids(admin_client.get(JOBS)) == set(newer)
+            assert listed_ids(admin_client.get(JOBS, {"q": "test.limited"})) == set()
+            assert listed_ids(admin_client.get(JOBS, {"q": str(old)})) == {old}
+            # The tenant's own window: other tenants' newer jobs do not push it out.
+            assert listed_ids(admin_client.get(JOBS, {"tenant": "small"})) == {old}
+            response = admin_client.get(JOBS)
+            assert "holds the newest 3 jobs" in response.content.decode()
 
     def test_search_for_nothing_or_an_enormous_number_is_an_empty_page(self, admin_client):
         make_job("queued")

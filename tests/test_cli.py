@@ -19,6 +19,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -139,7 +140,7 @@ def test_jobs_json_is_the_apis_job_list():
     make_job("done", tenant="acme")
     make_job("scheduled", tenant="globex")
     doc = pgq_json("jobs")
-    assert set(doc) == {"results", "limit", "more"}
+    assert set(doc) == {"results", "limit", "more", "older_unexamined"}
     assert (doc["limit"], doc["more"]) == (50, False)
     assert doc["results"] == api("/jobs")["results"]
     assert all(set(job) == JOB_FIELDS for job in doc["results"])
@@ -147,7 +148,12 @@ def test_jobs_json_is_the_apis_job_list():
 
 def test_jobs_on_no_jobs():
     assert pgq("jobs") == (0, "no jobs match\n", "")
-    assert pgq_json("jobs") == {"results": [], "limit": 50, "more": False}
+    assert pgq_json("jobs") == {
+        "results": [],
+        "limit": 50,
+        "more": False,
+        "older_unexamined": False,
+    }
 
 
 @pytest.mark.parametrize(
@@ -208,14 +214,39 @@ def test_jobs_reads_at_most_the_limit_and_says_more_match():
         doc = pgq_json("jobs", "--limit", "3")
     assert [j["id"] for j in doc["results"]] == ids[::-1][:3]
     assert (doc["limit"], doc["more"]) == (3, True)
-    # One bounded read of the jobs: one row past the limit, no count of the matches.
+    # Two bounded reads of the jobs: the window's edge (the LIST_WINDOW-th newest id), then
+    # one row past the limit within it; no count of the matches.
     job_reads = [q["sql"] for q in queries.captured_queries if '"pgqueue_job"' in q["sql"]]
-    assert len(job_reads) == 1
-    assert job_reads[0].rstrip().endswith("LIMIT 4")
-    assert "COUNT(" not in job_reads[0].upper()
+    assert len(job_reads) == 2
+    assert job_reads[0].rstrip().endswith("LIMIT 2 OFFSET 9999")
+    assert job_reads[1].rstrip().endswith("LIMIT 4")
+    assert not any("COUNT(" in sql.upper() for sql in job_reads)
     _, out, _ = pgq("jobs", "--limit", "3")
     assert "more match: narrow the filters or raise --limit" in out.splitlines()[-1]
     assert pgq_json("jobs", "--limit", "4")["more"] is False
+
+
+def test_jobs_examines_the_newest_list_window_jobs_and_says_so():
+    """A filter matching only old jobs reads a window, not the history: past the newest
+    LIST_WINDOW jobs (of the tenant, with --tenant), nothing is read, and the output says
+    older jobs were not examined."""
+    make_job("queued", tenant="other", queue="rare")
+    old = make_job("queued", tenant="acme", queue="rare")
+    for _ in range(3):
+        make_job("queued", tenant="acme")
+    with override_settings(PGQUEUE={"LIST_WINDOW": 3}):
+        doc = pgq_json("jobs", "--queue", "rare")
+        assert (doc["results"], doc["more"], doc["older_unexamined"]) == ([], False, True)
+        _, out, _ = pgq("jobs", "--queue", "rare")
+        assert out.strip() == "no jobs match among the newest 3 jobs"
+        # The window is the tenant's own jobs: the other tenant's newer job is not in it.
+        doc = pgq_json("jobs", "--queue", "rare", "--tenant", "other")
+        assert (len(doc["results"]), doc["older_unexamined"]) == (1, False)
+    with override_settings(PGQUEUE={"LIST_WINDOW": 4}):
+        doc = pgq_json("jobs", "--queue", "rare", "--tenant", "acme")
+        assert [j["id"] for j in doc["results"]] == [old]
+        _, out, _ = pgq("jobs", "--queue", "rare", "--tenant", "acme")
+        assert "older jobs were not examined" not in out
 
 
 def test_jobs_lists_fifty_by_default():

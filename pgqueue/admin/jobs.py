@@ -16,7 +16,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .. import liveness, services
+from .. import liveness, pages, services
 from ..conf import queue_db
 from ..durations import format_seconds
 from ..limit_reads import waiting_for
@@ -196,7 +196,14 @@ class JobAdmin(admin.ModelAdmin):
         ("created_at", admin.DateFieldListFilter),
     ]
     search_fields = ["=idempotency_key", "=task"]
-    search_help_text = "A job id, an idempotency key, or a task name."
+
+    @property
+    def search_help_text(self) -> str:  # type: ignore[override]
+        return (
+            "A job id (any job, however old), an idempotency key or a task name. The list "
+            f"holds the newest {pages.list_window():,} jobs (of the tenant filtered on)."
+        )
+
     ordering = ["-id"]
     paginator = EstimatedCountPaginator
     show_full_result_count = False
@@ -261,10 +268,22 @@ class JobAdmin(admin.ModelAdmin):
         return obj is None and super().has_change_permission(request, obj)
 
     def get_search_results(self, request: Any, queryset: QuerySet, term: str) -> Any:
+        """The filtered jobs among the newest LIST_WINDOW (of the tenant filtered on), as
+        GET /jobs' first page examines them, so that no filter, search, sort or page of the
+        list reads the whole history. A number that is a job's id finds that job however
+        old; otherwise a term is an idempotency key or a task name."""
+        in_reach = Job.objects.using(queue_db())
+        if request.GET.get("tenant"):
+            in_reach = in_reach.filter(tenant_id=request.GET["tenant"])
+        edge = pages.window_edge(in_reach, key=None, backward=False)
+        window = Q() if edge is None else Q(id__gte=edge)
         term = term.strip()
-        if term.isdigit():
-            return queryset.filter(Q(pk=int(term)) | Q(idempotency_key=term) | Q(task=term)), False
-        return super().get_search_results(request, queryset, term)
+        if term.isdigit() and len(term) <= 18 and in_reach.filter(pk=int(term)).exists():
+            # A job's id: that job (one probe of the primary key; an OR of it with the
+            # window's other matches would be planned as a walk of the primary key).
+            return queryset.filter(pk=int(term)), False
+        queryset, duplicates = super().get_search_results(request, queryset, term)
+        return queryset.filter(window), duplicates
 
     def get_urls(self) -> list[URLPattern]:
         # Before the admin's own: its "<path:object_id>/" would take these too.

@@ -135,15 +135,20 @@ class JobListItemSerializer(JobSerializer):
 
 class JobListSerializer(serializers.Serializer):
     count = serializers.IntegerField(
-        help_text="jobs matching: exact up to PGQUEUE['COUNT_CAP'], else an estimate"
+        help_text="jobs matching: exact when the newest PGQUEUE['LIST_WINDOW'] jobs in reach "
+        "are all of them and at most PGQUEUE['COUNT_CAP'] match, else an estimate"
     )
     count_is_estimate = serializers.BooleanField(
-        help_text="count is the planner's estimate (more jobs match than COUNT_CAP)"
+        help_text="count is the planner's estimate (more jobs match than COUNT_CAP, or more "
+        "are in reach than LIST_WINDOW)"
     )
     next = serializers.URLField(allow_null=True, help_text="older jobs (a cursor link)")
     previous = serializers.URLField(allow_null=True, help_text="newer jobs (a cursor link)")
     results = JobListItemSerializer(
-        many=True, help_text="newest first, at most limit, within PGQUEUE['API_PAGE_BYTES']"
+        many=True,
+        help_text="newest first, at most limit, within PGQUEUE['API_PAGE_BYTES']; fewer, "
+        "even none, while next is set when the page's window of PGQUEUE['LIST_WINDOW'] jobs "
+        "held fewer matches",
     )
 
 

@@ -226,11 +226,20 @@ class JobsView(PgQueueView):
         if "cursor" in params and "offset" in params:
             raise bad_field("offset", "cannot be combined with cursor")
         backward, key = _decode_cursor(params["cursor"]) if "cursor" in params else (False, None)
-        count, is_estimate = pages.bounded_count(jobs)
+        # The jobs in reach: one tenant's when the key or the query names one (an index of
+        # its own), else every job. A page examines a window of them (pages.window_edge).
+        in_reach = Job.objects.using(queue_db()).all()
+        tenant = scope.tenant if scope.tenant is not None else params.get("tenant")
+        if tenant is not None:
+            in_reach = in_reach.filter(tenant_id=tenant)
+        top = pages.window_edge(in_reach, key=None, backward=False)
+        edge = top if key is None else pages.window_edge(in_reach, key=key, backward=backward)
+        count, is_estimate = pages.bounded_count(jobs, top)
         rows = pages.job_list_page(
             jobs,
             key=key,
             backward=backward,
+            edge=edge,
             offset=offset,
             limit=limit + 1,
             field_bytes=int(pgqueue_settings.API_FIELD_BYTES),
@@ -238,21 +247,27 @@ class JobsView(PgQueueView):
         more = len(rows) > limit  # past the page, in the direction read
         rows = rows[-limit:] if backward else rows[:limit]
         results, cut = _within_budget(request, rows, int(pgqueue_settings.API_PAGE_BYTES))
+        # Where the neighbouring pages start. A page that ends at its window's edge without
+        # filling up goes on from the edge: the jobs between were examined and matched none.
+        older: int | None
+        newer: int | None
         if backward:
-            after = bool(results)  # the page the cursor was taken from, and any cut rows
-            before = more
+            assert key is not None
+            older = results[-1]["id"] if results else key + 1  # the cursor's own page
+            newer = results[0]["id"] if more else edge
         else:
-            after = more or cut
-            before = key is not None or offset > 0
+            older = results[-1]["id"] if more or cut else edge
+            if results:
+                newer = results[0]["id"] if key is not None or offset > 0 else None
+            else:
+                newer = key - 1 if key is not None else None
         return Response(
             {
                 "count": count,
                 "count_is_estimate": is_estimate,
-                "next": _cursor_link(request, params, "n", results[-1]["id"])
-                if after and results
-                else None,
-                "previous": _cursor_link(request, params, "p", results[0]["id"])
-                if before and results
+                "next": _cursor_link(request, params, "n", older) if older is not None else None,
+                "previous": _cursor_link(request, params, "p", newer)
+                if newer is not None
                 else None,
                 "results": results,
             }

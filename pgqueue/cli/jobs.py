@@ -43,7 +43,8 @@ class JobsCommand(OperatorCommand):
     name = "jobs"
     help = (
         "List jobs, newest first, with the filters of GET /jobs. At most --limit (default 50, "
-        "at most 500) are read; the output says when more match."
+        "at most 500) are read, from the newest LIST_WINDOW jobs (of --tenant, when given); the "
+        "output says when more match or older jobs were not examined."
     )
 
     def add_options(self, parser: CommandParser) -> None:
@@ -65,7 +66,7 @@ class JobsCommand(OperatorCommand):
         limit_option(parser, "jobs")
 
     def run(self, options: dict[str, Any]) -> int:
-        rows, more = pages.job_list(
+        rows, more, unexamined = pages.job_list(
             status=options["status"],
             queue=options["queue"],
             tenant=options["tenant"],
@@ -79,14 +80,16 @@ class JobsCommand(OperatorCommand):
             "results": [job_document(job) for job in rows],
             "limit": options["limit"],
             "more": more,
+            "older_unexamined": unexamined,
         }
-        self.emit(options, document, lambda: _job_table(rows, more, options["limit"]))
+        self.emit(options, document, lambda: _job_table(rows, more, unexamined, options["limit"]))
         return EXIT_OK
 
 
-def _job_table(rows: Sequence[Job], more: bool, limit: int) -> str:
+def _job_table(rows: Sequence[Job], more: bool, unexamined: bool, limit: int) -> str:
+    window = f"the newest {pages.list_window():,} jobs"
     if not rows:
-        return "no jobs match"
+        return f"no jobs match among {window}" if unexamined else "no jobs match"
     text = output.table(
         ["ID", "STATUS", "QUEUE", "TENANT", "TASK", "PRIO", "ATTEMPTS", "CREATED (UTC)",
          "RUN AT (UTC)", "FINISHED (UTC)"],
@@ -100,6 +103,8 @@ def _job_table(rows: Sequence[Job], more: bool, limit: int) -> str:
     )  # fmt: skip
     if more:
         text += f"\n(the newest {limit}; more match: narrow the filters or raise --limit)"
+    elif unexamined:
+        text += f"\n(all that match among {window}; older jobs were not examined)"
     return text
 
 
