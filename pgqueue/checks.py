@@ -180,6 +180,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         )
     for name, minimum, integer in [
         ("LEASE_SECONDS", 1, False),
+        ("MAX_LOST_CLAIMS", 1, True),
         ("BACKOFF_BASE", 0, False),
         ("BACKOFF_CAP", 0, False),
         ("POLL_SECONDS", 0.01, False),

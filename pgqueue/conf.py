@@ -21,8 +21,16 @@ DEFAULTS: dict[str, Any] = {
     # (a system check says so), and enqueues are no longer in the app's transactions.
     "DATABASE": "default",
     # Seconds a claimed job's lease lasts. A worker that neither finishes nor heartbeats
-    # within it is presumed dead and the job is recovered (counting as an attempt).
+    # within it is presumed dead and the job is recovered: counting as an attempt once its
+    # start was recorded (within about a second of it), else given back without one.
     "LEASE_SECONDS": 30.0,
+    # Leases a job may lose before its start is recorded (its worker crashed or stalled
+    # while the job waited for a thread, or within about a second of its start): each such
+    # loss gives it back without spending an attempt, so a job that only shared a process
+    # with a crashing handler pays nothing, but the MAX_LOST_CLAIMS-th makes it dead, so
+    # one whose handler kills its process at once cannot loop for ever. A retry starts the
+    # count again.
+    "MAX_LOST_CLAIMS": 10,
     # Seconds between heartbeats; None means LEASE_SECONDS / 3.
     "HEARTBEAT_SECONDS": None,
     # Retry backoff: random(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1))) seconds.

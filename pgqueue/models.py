@@ -169,6 +169,15 @@ class Job(models.Model):
     gated = models.BooleanField(default=False, db_default=False)
     # While running: the pgqueue_limit rows it is counted in (each exit decrements them).
     limit_ids = BigIntArrayField(null=True, blank=True)
+    # Leases lost before the handler's start was recorded (its worker crashed or stalled
+    # while the job waited, claimed ahead, or within about a second of its start): each
+    # gave the job back without spending an attempt, but the PGQUEUE["MAX_LOST_CLAIMS"]-th
+    # makes it dead (JOB_REAP_EXPIRED). A retry starts it from 0 again.
+    lost_claims = models.IntegerField(
+        default=0,
+        db_default=0,
+        help_text="leases lost before its start was recorded, not counted as attempts",
+    )
 
     class Meta:
         db_table = "pgqueue_job"

@@ -61,13 +61,17 @@ BACKOFF = (
 )
 
 
-def _retry_or_dead(out: str, ended: str = NOW) -> str:
+def _retry_or_dead(out: str, ended: str = NOW, back: str | None = None) -> str:
     """The SET clauses of a failed attempt of job ``j``: dead (finished at ``ended``, SQL)
     when ``out`` (SQL: no retry, e.g. out of attempts) holds, else scheduled after a
-    full-jitter backoff from now. Shared by JOB_FAIL_MANY, JOB_REAP_EXPIRED and
-    JOB_REAP_TIMED_OUT."""
-    return f"""status = CASE WHEN {out} THEN 'dead' ELSE 'scheduled' END,
-           run_at = CASE WHEN {out} THEN j.run_at
+    full-jitter backoff from now; with ``back`` (SQL), queued again at once with its
+    run_at when that holds and ``out`` does not (JOB_REAP_EXPIRED's job given back).
+    Shared by JOB_FAIL_MANY, JOB_REAP_EXPIRED and JOB_REAP_TIMED_OUT."""
+    queued, kept = (
+        ("", out) if back is None else (f" WHEN {back} THEN 'queued'", f"{out} OR {back}")
+    )
+    return f"""status = CASE WHEN {out} THEN 'dead'{queued} ELSE 'scheduled' END,
+           run_at = CASE WHEN {kept} THEN j.run_at
                          ELSE {NOW} + {BACKOFF.format(attempts="j.attempts")}
                               * interval '1 second' END,
            finished_at = CASE WHEN {out} THEN {ended} END"""
@@ -1250,17 +1254,37 @@ SELECT id, CASE WHEN status = 'queued' THEN pg_notify(%(channel)s, queue) END IS
 """
 
 # -- name: JOB_REAP_EXPIRED
+# Recover jobs whose lease ran out before %(now)s (their worker died or stalled). Whether
+# an attempt is spent depends on whether the job's start was recorded: a worker writes
+# the start of a running job to its row at its next heartbeat round, within about a
+# second of it (JOB_HEARTBEAT_MANY), or with its outcome. So, per job:
+# - its start was recorded: the expiry counts as an attempt: back to scheduled with
+#   backoff, or dead when none are left, so a job that crashes every worker ends dead;
+# - it was not (a job claimed ahead that never started, whose worker a neighbour's
+#   handler crashed or stalled, or one that began less than about a second before its
+#   worker was lost): the job is given back as JOB_RELEASE_MANY gives one back, queued
+#   again at once with its old vtime (its place in line, its tenant's fair clock not
+#   charged again), gated again if a limit applies, its queue notified, and the attempt
+#   not counted (attempts back to what they were before the claim). Such losses are
+#   counted in lost_claims instead; the one that brings it to %(max_lost_claims)s
+#   (PGQUEUE["MAX_LOST_CLAIMS"]) makes the job dead, so a handler that ends its process
+#   before its start is recorded cannot loop for ever.
+# Either way one attempt row, outcome 'lease_expired', numbered as the claim was, with
+# the job's started_at: NULL marks a claim given back uncounted, and the attempt that
+# follows has the same number.
 # Gives back the reaped jobs' limit rows (_uncount): a crashed worker's slots come back.
-# Recover jobs whose lease ran out before %(now)s (their worker died or stalled). Each
-# expiry counts as an attempt: back to scheduled with backoff, or dead when none are left,
-# so a job that crashes every worker ends dead instead of looping.
 # Locks: the expired rows, FOR UPDATE SKIP LOCKED (a row a late completion holds is left
-#   for the next run), until maintenance's transaction ends.
-# Index: pgqueue_job_lease, in expiry order.
+#   for the next run), until maintenance's transaction ends; their limit rows, in id order.
+# Index: pgqueue_job_lease, in expiry order; for a job given back, pgqueue_limit_scope
+#   (_gated).
 # Called by: store.reap_expired, from maintenance (one worker at a time).
 JOB_REAP_EXPIRED = f"""
 WITH expired AS MATERIALIZED (
-    SELECT id, lease_owner FROM pgqueue_job
+    SELECT id, lease_owner, attempts, claimed_at, started_at,
+           started_at IS NULL AS lost,
+           CASE WHEN started_at IS NOT NULL THEN attempts >= max_attempts
+                ELSE lost_claims + 1 >= %(max_lost_claims)s::int END AS out
+      FROM pgqueue_job
      WHERE status = 'running' AND lease_expires_at < {NOW}
      ORDER BY lease_expires_at
      LIMIT %(limit)s
@@ -1268,23 +1292,40 @@ WITH expired AS MATERIALIZED (
 ),
 reaped AS (
     UPDATE pgqueue_job j
-       SET {_retry_or_dead("j.attempts >= j.max_attempts")},
-           last_error = 'lease expired: worker ' || e.lease_owner
-                        || ' stopped renewing it (attempt ' || j.attempts || ')',
+       SET {_retry_or_dead("e.out", back="e.lost")},
+           attempts = j.attempts - e.lost::int,
+           lost_claims = j.lost_claims + e.lost::int,
+           lease_owner = CASE WHEN e.lost THEN NULL ELSE j.lease_owner END,
+           claimed_at = CASE WHEN e.lost THEN NULL ELSE j.claimed_at END,
+           gated = CASE WHEN e.lost AND NOT e.out THEN {_gated("j.tenant", "j.queue")}
+                        ELSE j.gated END,
+           last_error = CASE
+               WHEN NOT e.lost THEN
+                    'lease expired: worker ' || e.lease_owner
+                    || ' stopped renewing it (attempt ' || j.attempts || ')'
+               WHEN e.out THEN
+                    'lease expired: its worker was lost ' || j.lost_claims + 1
+                    || ' times before its start was recorded (MAX_LOST_CLAIMS = '
+                    || %(max_lost_claims)s::int || '); the last, ' || e.lease_owner
+                    || ', stopped renewing it'
+               ELSE 'lease expired: worker ' || e.lease_owner
+                    || ' stopped renewing it before its start was recorded; given back'
+                    || ' without spending an attempt (lost claim ' || j.lost_claims + 1
+                    || ' of MAX_LOST_CLAIMS = ' || %(max_lost_claims)s::int || ')' END,
            lease_expires_at = NULL
       FROM expired e
      WHERE j.id = e.id
-    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, j.status, j.last_error,
-              e.lease_owner, j.limit_ids
+    RETURNING j.id, j.queue, j.status, j.last_error, j.limit_ids
 ),{_uncount("reaped")},
 history AS (
     INSERT INTO pgqueue_job_attempt
            (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error)
-    SELECT id, attempts, lease_owner, claimed_at, started_at, {NOW}, 'lease_expired',
-           last_error
-      FROM reaped
+    SELECT r.id, e.attempts, e.lease_owner, e.claimed_at, e.started_at, {NOW},
+           'lease_expired', r.last_error
+      FROM reaped r JOIN expired e ON e.id = r.id
 )
-SELECT id, status FROM reaped
+SELECT id, status, CASE WHEN status = 'queued' THEN pg_notify(%(channel)s, queue) END IS NULL
+  FROM reaped
 """
 
 # The levels (queue, tenant, priority) that hold a due scheduled job, in sorted order, at
@@ -1640,8 +1681,9 @@ SELECT id, status FROM failed
 """
 
 # -- name: JOB_RETRY_MANY
-# Send dead or cancelled jobs back: attempts start again from 0 (history is kept), a
-# cancel request is forgotten, and the job waits in scheduled until its run_at; the caller
+# Send dead or cancelled jobs back: attempts, and leases lost before a start was recorded
+# (lost_claims, see JOB_REAP_EXPIRED), start again from 0 (history is kept), a cancel
+# request is forgotten, and the job waits in scheduled until its run_at; the caller
 # then runs JOB_PROMOTE_MANY in the same transaction for those already due (the ``due``
 # column), which gives them a fresh fair vtime.
 # Locks: the matched rows, until the operator action's transaction ends.
@@ -1649,7 +1691,7 @@ SELECT id, status FROM failed
 # Called by: store.retry_many, from services.retry_jobs (admin, HTTP API, Python API).
 JOB_RETRY_MANY = """
 UPDATE pgqueue_job
-   SET status = 'scheduled', attempts = 0, vtime = NULL, result = NULL,
+   SET status = 'scheduled', attempts = 0, lost_claims = 0, vtime = NULL, result = NULL,
        run_at = GREATEST(run_at, now()), lease_owner = NULL, lease_expires_at = NULL,
        claimed_at = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL
  WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('dead', 'cancelled')

@@ -195,7 +195,9 @@ def heartbeat_many(
 def reap_expired(
     cursor: Any, *, limit: int | None = None, now: dt.datetime | None = None
 ) -> dict[int, str]:
-    """Recover expired leases (JOB_REAP_EXPIRED). Returns ``{job id: new status}``."""
+    """Recover expired leases (JOB_REAP_EXPIRED). Returns ``{job id: new status}``:
+    'scheduled' or 'dead' for a job whose start was recorded (an attempt spent), 'queued'
+    for one given back without (or 'dead' at its MAX_LOST_CLAIMS-th such loss)."""
     cursor.execute(
         sql.JOB_REAP_EXPIRED,
         {
@@ -203,6 +205,8 @@ def reap_expired(
             "now": now,
             "backoff_base": float(pgqueue_settings.BACKOFF_BASE),
             "backoff_cap": float(pgqueue_settings.BACKOFF_CAP),
+            "max_lost_claims": int(pgqueue_settings.MAX_LOST_CLAIMS),
+            "channel": pgqueue_settings.NOTIFY_CHANNEL,
         },
     )
     return {row[0]: row[1] for row in cursor.fetchall()}

@@ -91,6 +91,26 @@ def fail(
         ).get(job.id)
 
 
+def record_start(
+    worker: str,
+    job: store.ClaimedJob,
+    now: dt.datetime | None = None,
+    lease_seconds: float | None = None,
+) -> bool:
+    """Write a claimed job's start to its row, as the worker's heartbeat round does within
+    about a second of its handler's start (JOB_HEARTBEAT_MANY), which also renews the lease
+    from ``now``. Returns whether the job is still held."""
+    with connection.cursor() as cur:
+        return job.id in store.heartbeat_flags(
+            cur,
+            worker=worker,
+            held=[(job.id, job.attempt)],
+            lease_seconds=lease_seconds,
+            now=now,
+            started={job.id: now or timezone.now()},
+        )
+
+
 def drain(queues: tuple[str, ...] = ("default",), batch: int = 1) -> list[store.ClaimedJob]:
     """Claim and complete everything runnable, returning the jobs in claim order."""
     order: list[store.ClaimedJob] = []

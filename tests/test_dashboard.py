@@ -23,7 +23,7 @@ from pgqueue.dashboard import dashboard_data, dashboard_view
 from pgqueue.durations import format_seconds
 from pgqueue.models import Job, JobAttempt, Worker
 from pgqueue.reads import Bucket
-from tests.conftest import claim, complete, fail
+from tests.conftest import claim, complete, fail, record_start
 
 DASHBOARD_URL = "/admin/pgqueue/dashboard/"
 SVG = "{http://www.w3.org/2000/svg}"
@@ -57,7 +57,8 @@ def run(task: str, *, tenant: str = "acme", outcome: str = "done") -> int:
         assert fail("w-test", claimed) == "scheduled"  # a retry, backing off
     elif outcome == "dead":
         assert fail("w-test", claimed, permanent=True) == "dead"
-    elif outcome == "lease_expired":
+    elif outcome == "lease_expired":  # after its start was recorded: an attempt spent
+        assert record_start("w-test", claimed)
         with connection.cursor() as cur:
             later = timezone.now() + dt.timedelta(hours=1)
             assert claimed.id in store.reap_expired(cur, now=later)

@@ -22,7 +22,7 @@ import pgqueue
 from pgqueue import services, store
 from pgqueue.conf import pgqueue_settings
 from pgqueue.models import FairClock, Job, JobAttempt, Tenant
-from tests.conftest import claim, complete, fail, job, later, timeline
+from tests.conftest import claim, complete, fail, job, later, record_start, timeline
 
 #: Far enough ahead that any backoff (at most BACKOFF_CAP = 300 s by default) is due.
 BIG = 3600
@@ -194,18 +194,20 @@ def test_permanent_failure_is_dead_at_once(db: Any) -> None:
 
 
 def test_expired_lease_is_recovered_and_counted(db: Any) -> None:
-    """A job whose worker vanished is recovered once its lease runs out, not before.
+    """A job whose worker vanished after its start was recorded is recovered once its
+    lease runs out, not before, and the lost run counts as an attempt.
 
     Before expiry the reaper leaves it alone. After expiry the job goes back to
     scheduled with a backoff (not straight to queued), the lost run counts as attempt 1
-    with a lease_expired row naming the worker, and another worker then runs it as
-    attempt 2 to completion.
+    with a lease_expired row naming the worker and the run's start, and another worker
+    then runs it as attempt 2 to completion.
     """
     at = timeline()
     job_id = enqueue_one(max_attempts=5)
     (held,) = claim("w1", lease_seconds=30, now=at(0))
     assert held.attempt == 1
     assert held.lease_expires_at == at(30)
+    assert record_start("w1", held, now=at(1), lease_seconds=29)  # the lease still ends at 30
 
     assert reap(at(10)) == {}
     assert reap(at(30)) == {}  # expired means strictly past the lease's end
@@ -220,6 +222,7 @@ def test_expired_lease_is_recovered_and_counted(db: Any) -> None:
     assert recovered.run_at >= failure_time  # backoff counts from the injected now
     assert "lease expired" in recovered.last_error and "w1" in recovered.last_error
     assert attempts_of(job_id) == [(1, "lease_expired", "w1")]
+    assert JobAttempt.objects.get(job_id=job_id).started_at == at(1)
 
     # Not due yet at the real now: the backoff is respected.
     assert promote(None) == []
@@ -234,10 +237,14 @@ def test_expired_lease_is_recovered_and_counted(db: Any) -> None:
     assert attempts_of(job_id) == [(1, "lease_expired", "w1"), (2, "done", "w2")]
 
 
-def _expire_and_requeue(job_id: int, at: Callable[[float], dt.datetime]) -> None:
-    """Reap the job's lease (taken at ``at(0)``) and make it runnable again by ``at(2 * BIG)``."""
-    assert reap(at(BIG)) == {job_id: "scheduled"}
-    assert promote(at(2 * BIG)) == [job_id]
+def _expire_and_requeue(
+    worker: str, held: store.ClaimedJob, at: Callable[[float], dt.datetime]
+) -> None:
+    """Record the start of the job ``worker`` claimed at ``at(0)``, reap its lease (an
+    attempt spent) and make it runnable again by ``at(2 * BIG)``."""
+    assert record_start(worker, held, now=at(1))
+    assert reap(at(BIG)) == {held.id: "scheduled"}
+    assert promote(at(2 * BIG)) == [held.id]
 
 
 def test_stale_worker_is_fenced_out(db: Any) -> None:
@@ -250,7 +257,7 @@ def test_stale_worker_is_fenced_out(db: Any) -> None:
     at = timeline()
     job_id = enqueue_one(max_attempts=5)
     (stale,) = claim("A", lease_seconds=30, now=at(0))
-    _expire_and_requeue(job_id, at)
+    _expire_and_requeue("A", stale, at)
     (current,) = claim("B", lease_seconds=30, now=at(2 * BIG))
     assert (current.id, current.attempt) == (job_id, 2)
     before = job(job_id)
@@ -285,7 +292,7 @@ def test_same_worker_on_a_later_attempt_is_fenced_by_attempt_number(db: Any) -> 
     at = timeline()
     job_id = enqueue_one(max_attempts=5)
     (first,) = claim("A", lease_seconds=30, now=at(0))
-    _expire_and_requeue(job_id, at)
+    _expire_and_requeue("A", first, at)
     (second,) = claim("A", lease_seconds=30, now=at(2 * BIG))
     assert (second.id, second.attempt, first.attempt) == (job_id, 2, 1)
 
@@ -305,8 +312,9 @@ def test_same_worker_on_a_later_attempt_is_fenced_by_attempt_number(db: Any) -> 
 def test_job_that_crashes_every_worker_ends_dead(db: Any) -> None:
     """A poison job that kills its worker every time does not loop forever.
 
-    Each lease expiry counts as an attempt, so after max_attempts=3 expiries the reaper
-    marks it dead (with three lease_expired rows) and it is never claimed again.
+    Each lease expiry of a run whose start was recorded counts as an attempt, so after
+    max_attempts=3 expiries the reaper marks it dead (with three lease_expired rows) and
+    it is never claimed again.
     """
     at = timeline()
     job_id = enqueue_one(max_attempts=3)
@@ -314,6 +322,7 @@ def test_job_that_crashes_every_worker_ends_dead(db: Any) -> None:
         start = 3 * BIG * (n - 1)  # each run starts after the previous one was promoted
         (held,) = claim(f"w{n}", lease_seconds=30, now=at(start))
         assert (held.id, held.attempt) == (job_id, n)
+        assert record_start(f"w{n}", held, now=at(start + 1))
         reaped = reap(at(start + BIG))
         assert reaped == {job_id: "scheduled" if n < 3 else "dead"}
         promote(at(start + 2 * BIG))
@@ -351,15 +360,162 @@ def test_heartbeat_keeps_a_long_job_leased(db: Any) -> None:
     assert job(long_id).lease_expires_at > lease_before
     assert job(long_id).lease_expires_at == at(320)
 
-    assert reap(at(120)) == {silent_id: "scheduled"}
+    # The silent one never started: given back, queued again without spending an attempt.
+    assert reap(at(120)) == {silent_id: "queued"}
     assert job(long_id).status == "running"
-    assert job(silent_id).status == "scheduled"
+    assert (job(silent_id).status, job(silent_id).attempts) == ("queued", 0)
 
     assert complete("w1", held[long_id], now=at(121))
     assert complete("w1", held[silent_id], now=at(121)) is False
     assert job(long_id).status == "done"
     assert attempts_of(long_id) == [(1, "done", "w1")]
     assert attempts_of(silent_id) == [(1, "lease_expired", "w1")]
+
+
+# -- leases lost before a start was recorded ------------------------------------------------
+
+
+def test_a_crashed_workers_unstarted_jobs_are_given_back_without_an_attempt(db: Any) -> None:
+    """A worker that dies takes with it the jobs it claimed ahead: those never started.
+
+    One claim leases a job of tenant "evil", whose handler starts (its start recorded, as
+    the heartbeat writes it) and then ends the process, and a job of tenant "acme" that
+    waited, unstarted, for a thread. Once the lease has run out, the reaper charges evil's
+    job an attempt (scheduled, with backoff), but gives acme's back as a stopping worker
+    would: queued at once, attempts back to 0, its vtime and both tenants' fair clocks as
+    they were, so it runs before acme's job enqueued after it. Its lost lease is in the
+    history (started_at NULL, the error says no attempt was spent) and in lost_claims; the
+    run that follows is attempt 1 again. On the code before this, acme's job was charged
+    the attempt and waited out a backoff as evil's did.
+    """
+    at = timeline()
+    evil_id = pgqueue.enqueue("test.noop", {}, tenant="evil")[0].id
+    victim_id = pgqueue.enqueue("test.noop", {"n": 1}, tenant="acme")[0].id
+    later_id = pgqueue.enqueue("test.noop", {"n": 2}, tenant="acme")[0].id
+    held = {h.id: h for h in claim("w1", limit=2, lease_seconds=30, now=at(0))}
+    assert set(held) == {evil_id, victim_id}
+    assert record_start("w1", held[evil_id], now=at(1), lease_seconds=29)
+    before = job(victim_id)
+    clocks = sorted(FairClock.objects.values_list("tenant_id", "queue", "priority", "vtime"))
+
+    assert reap(at(BIG)) == {evil_id: "scheduled", victim_id: "queued"}
+
+    charged = job(evil_id)
+    assert (charged.status, charged.attempts, charged.lost_claims) == ("scheduled", 1, 0)
+    victim = job(victim_id)
+    assert (victim.status, victim.attempts, victim.lost_claims) == ("queued", 0, 1)
+    assert (victim.vtime, victim.run_at) == (before.vtime, before.run_at)
+    assert (victim.lease_owner, victim.lease_expires_at) == (None, None)
+    assert (victim.claimed_at, victim.started_at, victim.finished_at) == (None, None, None)
+    assert victim.last_error == (
+        "lease expired: worker w1 stopped renewing it before its start was recorded; given"
+        " back without spending an attempt (lost claim 1 of MAX_LOST_CLAIMS = 10)"
+    )
+    assert sorted(FairClock.objects.values_list("tenant_id", "queue", "priority", "vtime")) == (
+        clocks
+    )
+    lost = JobAttempt.objects.get(job_id=victim_id)
+    assert (lost.attempt, lost.outcome, lost.worker) == (1, "lease_expired", "w1")
+    assert (lost.claimed_at, lost.started_at, lost.error) == (at(0), None, victim.last_error)
+    assert JobAttempt.objects.get(job_id=evil_id).started_at == at(1)
+
+    # Runnable at once, at its place: before acme's later job.
+    (again,) = claim("w2", limit=1, lease_seconds=30, now=at(BIG))
+    assert (again.id, again.attempt) == (victim_id, 1)
+    assert complete("w2", again, '"ok"', now=at(BIG + 1))
+    assert (job(victim_id).status, job(victim_id).attempts) == ("done", 1)
+    assert attempts_of(victim_id) == [(1, "lease_expired", "w1"), (1, "done", "w2")]
+    assert job(later_id).status == "queued"
+
+
+@override_settings(PGQUEUE={"MAX_LOST_CLAIMS": 3})
+def test_a_job_whose_worker_is_lost_before_its_start_every_time_ends_dead(db: Any) -> None:
+    """Giving back unstarted jobs for free must not let a poison job loop for ever.
+
+    A handler that ends its process before its start is written (within about a second)
+    is never seen to start. Each loss is given back without an attempt but counted in
+    lost_claims; the MAX_LOST_CLAIMS-th makes the job dead, with the reason, and it is
+    never claimed again. An operator's retry starts both counts again.
+    """
+    at = timeline()
+    job_id = enqueue_one(max_attempts=5)
+    statuses = []
+    for n in (1, 2, 3):
+        start = 2 * BIG * (n - 1)
+        (held,) = claim(f"w{n}", lease_seconds=30, now=at(start))
+        assert (held.id, held.attempt) == (job_id, 1)
+        statuses.append(reap(at(start + BIG))[job_id])
+    assert statuses == ["queued", "queued", "dead"]
+
+    dead = job(job_id)
+    assert (dead.status, dead.attempts, dead.lost_claims) == ("dead", 0, 3)
+    assert dead.finished_at == at(4 * BIG + BIG)
+    assert dead.last_error == (
+        "lease expired: its worker was lost 3 times before its start was recorded"
+        " (MAX_LOST_CLAIMS = 3); the last, w3, stopped renewing it"
+    )
+    assert attempts_of(job_id) == [
+        (1, "lease_expired", "w1"),
+        (1, "lease_expired", "w2"),
+        (1, "lease_expired", "w3"),
+    ]
+    assert claim("w4", now=at(9 * BIG)) == []
+    assert reap(at(10 * BIG)) == {}
+
+    assert services.retry_jobs([job_id]).changed == [job_id]
+    retried = job(job_id)
+    assert (retried.status, retried.attempts, retried.lost_claims) == ("queued", 0, 0)
+
+
+def test_a_job_counts_its_lost_claims_and_its_attempts_apart(db: Any) -> None:
+    """Lost claims and attempts are two counts: a job given back once and then failing
+    after its start was recorded has spent one attempt and lost one claim, and its next
+    lease lost after a recorded start spends the second attempt."""
+    at = timeline()
+    job_id = enqueue_one(max_attempts=2)
+    claim("w1", lease_seconds=30, now=at(0))
+    assert reap(at(BIG)) == {job_id: "queued"}
+    (second,) = claim("w2", lease_seconds=30, now=at(BIG))
+    assert second.attempt == 1
+    assert record_start("w2", second, now=at(BIG + 1))
+    assert reap(at(2 * BIG)) == {job_id: "scheduled"}
+    assert promote(at(4 * BIG)) == [job_id]
+    (third,) = claim("w3", lease_seconds=30, now=at(4 * BIG))
+    assert third.attempt == 2
+    assert record_start("w3", third, now=at(4 * BIG + 1))
+    assert reap(at(5 * BIG)) == {job_id: "dead"}
+    dead = job(job_id)
+    assert (dead.attempts, dead.lost_claims) == (2, 1)
+    assert dead.last_error == "lease expired: worker w3 stopped renewing it (attempt 2)"
+    assert attempts_of(job_id) == [
+        (1, "lease_expired", "w1"),
+        (1, "lease_expired", "w2"),
+        (2, "lease_expired", "w3"),
+    ]
+    started = JobAttempt.objects.filter(job_id=job_id).order_by("id")
+    assert [a.started_at for a in started] == [None, at(BIG + 1), at(4 * BIG + 1)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_given_back_by_the_reaper_wakes_its_queue() -> None:
+    """The reaper's give-back notifies the job's queue on commit, as a stopping worker's
+    does, so an idle worker takes it at once rather than at its next poll. Read up to a
+    sentinel sent after it (notifications arrive in commit order): no fixed wait."""
+    channel = pgqueue_settings.NOTIFY_CHANNEL
+    at = timeline()
+    job_id = pgqueue.enqueue("test.noop", {}, tenant="acme", queue="lost-q")[0].id
+    claim("w1", queues=("lost-q",), lease_seconds=30, now=at(0))
+    with _listener() as listener:
+        listener.execute(f"LISTEN {channel}")
+        assert reap(at(BIG)) == {job_id: "queued"}
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_notify(%s, 'sentinel')", [channel])
+        received = []
+        for note in listener.notifies(timeout=10):
+            if note.payload == "sentinel":
+                break
+            received.append((note.channel, note.payload))
+    assert received == [(channel, "lost-q")]
 
 
 # -- rollback -----------------------------------------------------------------------------
@@ -540,4 +696,4 @@ def test_the_steady_state_statement_runs_on_the_injected_clock(db: Any) -> None:
     assert (attempt.started_at, attempt.finished_at) == (at(0), at(5))
     assert (job(second_id).claimed_at, job(second_id).started_at) == (at(5), None)
     assert reap(at(35)) == {}
-    assert reap(at(36)) == {second_id: "scheduled"}
+    assert reap(at(36)) == {second_id: "queued"}  # no start recorded: given back

@@ -16,7 +16,7 @@ from pgqueue.limit_models import Limit
 from pgqueue.limit_reads import waiting_for
 from pgqueue.models import Job
 from pgqueue.worker.maintenance import recount_limits
-from tests.conftest import claim, complete, fail, job, run_threads, timeline
+from tests.conftest import claim, complete, fail, job, record_start, run_threads, timeline
 
 pytestmark = pytest.mark.django_db
 
@@ -176,15 +176,27 @@ def test_the_next_token_wakes_a_worker_only_for_work_a_rate_limit_holds_back():
 
 
 def test_a_crashed_workers_slots_come_back_with_its_leases():
+    """Both ways out of a lost lease give the slot back: a job whose start was recorded
+    (an attempt spent, scheduled) and one that never started (given back queued, gated
+    again behind its tenant's cap, the attempt not counted)."""
     at = timeline()
     limits.set_tenant_limits("t", max_running=1)
     enqueue(2, "t")
     (held,) = claim(limit=10, lease_seconds=5, now=at(0))
     assert claim(limit=10, now=at(1)) == []
+    assert record_start("w1", held, now=at(1), lease_seconds=4)
     with connection.cursor() as cur:
         assert store.reap_expired(cur, now=at(10)) == {held.id: "scheduled"}
     assert running_counter(tenant="t") == 0
-    assert len(claim(limit=10, now=at(10))) == 1
+    (unstarted,) = claim(limit=10, lease_seconds=5, now=at(10))
+    assert claim(limit=10, now=at(11)) == []
+    with connection.cursor() as cur:
+        assert store.reap_expired(cur, now=at(20)) == {unstarted.id: "queued"}
+    assert running_counter(tenant="t") == 0
+    given_back = job(unstarted.id)
+    assert (given_back.status, given_back.gated, given_back.attempts) == ("queued", True, 0)
+    (again,) = claim(limit=10, now=at(20))
+    assert (again.id, again.attempt) == (unstarted.id, 1)
 
 
 def test_release_and_give_back_free_their_slots():

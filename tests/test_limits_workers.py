@@ -132,7 +132,7 @@ def test_a_killed_workers_capped_slot_comes_back_with_its_lease(workers, tmp_pat
         "test.block", {"release": str(tmp_path / "never"), "timeout": 60}, tenant="t"
     ).job
     a = workers("--concurrency", "2", settings=fast, name="A")
-    wait_for(lambda: Job.objects.get(id=stuck.id).status == "running", 20, "the job to start")
+    wait_for(lambda: Job.objects.get(id=stuck.id).started_at is not None, 20, "the job to start")
     after = pgqueue.enqueue("test.noop", {}, tenant="t").job
     a.kill_group()
     b = workers("--concurrency", "2", settings=fast, name="B")

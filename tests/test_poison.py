@@ -173,7 +173,12 @@ def test_an_error_in_maintenance_does_not_stop_the_worker(workers: StartWorker) 
     poison, _ = pgqueue.enqueue("test.noop", {}, tenant="tiny")
     expired = timezone.now() - dt.timedelta(hours=1)
     Job.objects.filter(pk=poison.id).update(
-        status="running", attempts=2, lease_owner="gone", lease_expires_at=expired
+        status="running",
+        attempts=2,
+        lease_owner="gone",
+        lease_expires_at=expired,
+        claimed_at=expired,
+        started_at=expired,  # recorded: its loss spends an attempt, with a backoff
     )
     w = workers(settings={"MAINTENANCE_SECONDS": 0.1, "POLL_SECONDS": 0.1, "BACKOFF_BASE": 1e308})
     w.registered()

@@ -26,7 +26,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 import pgqueue
-from pgqueue import backends
+from pgqueue import backends, store
 from pgqueue.backends import (
     InvalidTask,
     InvalidTaskBackend,
@@ -38,7 +38,7 @@ from pgqueue.backends import (
 )
 from pgqueue.models import Job, JobAttempt
 from tests import api_fixtures
-from tests.conftest import claim, complete, fail
+from tests.conftest import claim, complete, fail, timeline
 from tests.taskapp import django_tasks as t
 from tests.workers import FAST_RECOVERY, STARTUP, StartWorker, history
 from tests.workers import wait_for as _wait_for
@@ -420,6 +420,29 @@ def test_get_result_follows_the_job_and_its_attempts() -> None:
 
 
 @pytest.mark.django_db
+def test_a_lease_lost_before_the_start_is_no_attempt_of_the_result() -> None:
+    """A claim whose lease ran out before its start was recorded was given back without
+    spending an attempt: ``worker_ids`` and ``errors`` leave it out (one per attempt, as
+    ``TaskContext.attempt`` counts them), though its row is in the job's history."""
+    at = timeline()
+    result = t.add.enqueue(2, 3)
+    (first,) = claim("w1", now=at(0))
+    assert fail("w1", first, now=at(1)) == "scheduled"
+    assert pgqueue.services.run_jobs_now([first.id]).changed == [first.id]
+    (second,) = claim("w2", lease_seconds=30, now=at(2))
+    assert second.attempt == 2
+    with connections["default"].cursor() as cur:
+        assert store.reap_expired(cur, now=at(3600)) == {first.id: "queued"}
+    (third,) = claim("w3", now=at(3600))
+    assert third.attempt == 2
+    assert complete("w3", third, json.dumps(5), now=at(3601))
+    done = backend().get_result(result.id)
+    assert done.worker_ids == ["w1", "w3"] and done.attempts == 2
+    assert [e.exception_class_path for e in done.errors] == ["builtins.RuntimeError"]
+    assert history(first.id) == [(1, "failed", "w1"), (2, "lease_expired", "w2"), (2, "done", "w3")]
+
+
+@pytest.mark.django_db
 def test_jobs_show_which_function_they_run_in_the_api_and_the_registry() -> None:
     result = t.add.enqueue(2, 3)
     name = f"{PREFIX}.add"
@@ -570,6 +593,7 @@ def test_the_task_of_a_killed_worker_is_completed_by_another(
     a = workers("--concurrency", "1", settings=settings, name="A")
     a_id = a.registered()
     _wait_for(lambda: Path(f"{started}.1").exists(), STARTUP, "the task to start under A")
+    _wait_for(lambda: job_of(result).started_at is not None, 10, "A to record the start")
     assert backend().get_result(result.id).status == TaskResultStatus.RUNNING
 
     a.send(signal.SIGKILL)

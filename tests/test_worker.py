@@ -46,6 +46,12 @@ def status(job_id: int) -> str:
     return Job.objects.values_list("status", flat=True).get(pk=job_id)
 
 
+def start_recorded(job_id: int) -> bool:
+    """The worker has written the job's start to its row (its heartbeat does so within
+    about a second of the start): a loss of the job from now on spends an attempt."""
+    return Job.objects.filter(pk=job_id, started_at__isnull=False).exists()
+
+
 def count_done(ids: list[int]) -> int:
     return Job.objects.filter(id__in=ids, status="done").count()
 
@@ -149,9 +155,10 @@ def test_job_of_a_worker_killed_mid_job_is_recovered_by_another(
 ) -> None:
     """A job whose worker is SIGKILLed while running it is run again, by another worker.
 
-    Worker A runs a job that blocks; A is killed with SIGKILL (no cleanup at all). Its
-    lease runs out, worker B's maintenance reaps it (a lease_expired row for A's attempt)
-    and B runs it to the end: done, attempts 2, the result from B's attempt.
+    Worker A runs a job that blocks; once A has recorded its start, A is killed with
+    SIGKILL (no cleanup at all). Its lease runs out, worker B's maintenance reaps it (a
+    lease_expired row for A's attempt, an attempt spent) and B runs it to the end: done,
+    attempts 2, the result from B's attempt.
     """
     release, started = tmp_path / "release", tmp_path / "started"
     job, _ = pgqueue.enqueue(
@@ -160,6 +167,7 @@ def test_job_of_a_worker_killed_mid_job_is_recovered_by_another(
     a = workers("--concurrency", "1", settings=FAST_RECOVERY, name="A")
     a_id = a.registered()
     wait_for(lambda: Path(f"{started}.1").exists(), STARTUP, "the handler to start under A")
+    wait_for(lambda: start_recorded(job.id), 10, "A to record the job's start")
     assert Job.objects.filter(pk=job.id, status="running", lease_owner=a_id, attempts=1).exists()
 
     a.send(signal.SIGKILL)

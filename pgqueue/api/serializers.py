@@ -82,8 +82,9 @@ class AttemptSerializer(serializers.Serializer):
     )
     started_at = serializers.DateTimeField(
         allow_null=True,
-        help_text="when the handler began; null if no worker saw it begin (a lease that ran "
-        "out first)",
+        help_text="when the handler began; null if no worker recorded its start: with "
+        "lease_expired, a claim given back without spending an attempt (the next entry has "
+        "the same attempt number)",
     )
     finished_at = serializers.DateTimeField(
         help_text="when the handler ended, or when the worker or maintenance ended the attempt"
@@ -94,7 +95,12 @@ class AttemptSerializer(serializers.Serializer):
 
 
 class JobDetailSerializer(JobSerializer):
-    history = AttemptSerializer(many=True, read_only=True, help_text="one entry per attempt")
+    history = AttemptSerializer(
+        many=True,
+        read_only=True,
+        help_text="one entry per attempt, and per claim given back uncounted (lease_expired, "
+        "started_at null)",
+    )
     waiting_for = serializers.SerializerMethodField(
         help_text="why a queued or scheduled job waits: backoff, run_at, paused, tenant_cap, "
         "queue_cap, rate_limit or turn; null otherwise"

@@ -156,12 +156,15 @@ def read_result(alias: str, result_id: str) -> TaskResult:
 
 def history(job_id: int, count: int) -> list[dict[str, Any]]:
     """The last ``count`` attempts of a job (its current run: a retry from the admin restarts
-    the count, the older rows stay), oldest first."""
+    the count, the older rows stay), oldest first. A lease lost before the start was
+    recorded (lease_expired, no started_at) was given back without spending an attempt
+    (JOB_REAP_EXPIRED): not one of them."""
     if count <= 0:
         return []
     rows = (
         JobAttempt.objects.using(queue_db())
         .filter(job_id=job_id, outcome__in=ATTEMPT_OUTCOMES)
+        .exclude(outcome=Outcome.LEASE_EXPIRED, started_at__isnull=True)
         .order_by("-id")
         .values("worker", "outcome", "error", "traceback", "claimed_at", "started_at")[:count]
     )

@@ -4,7 +4,9 @@
   retried); a job held a lease's length past its timeout, which its worker did not record,
   fails "timed out after N s" (retried or dead). See ``pgqueue.timeouts``.
 - ``rescue_expired_leases``: a job whose lease ran out (its worker crashed, was killed or
-  stalled) is taken back: scheduled again with backoff, or dead when out of attempts.
+  stalled) is taken back: scheduled again with backoff, or dead when out of attempts; or,
+  when its start had not been recorded, queued again at its place without spending an
+  attempt (dead at MAX_LOST_CLAIMS such losses).
 - ``promote_due_jobs``: scheduled jobs whose run_at has come (delays, backoffs) become
   runnable, each with a fresh fair vtime, and their queues are notified.
 - ``prune_dead_workers``: worker rows not seen for a day leave the registry.
@@ -134,9 +136,12 @@ def recount_limits(cur: Any, *, force: bool = False) -> list[tuple[int, int, int
 def rescue_expired_leases(cur: Any) -> dict[int, str]:
     """Take back jobs whose worker died or stalled past its lease; ``{job id: new status}``.
 
-    Each expiry counts as an attempt, so a job that crashes every worker that runs it ends
-    dead instead of going round forever. The worker that held it is fenced out: whatever
-    it records later for that attempt is discarded.
+    An expiry after the job's start was recorded counts as an attempt, so a job that
+    crashes every worker that runs it ends dead instead of going round forever. One
+    before it (a job claimed ahead whose worker a neighbour's handler crashed or stalled)
+    gives the job back at its place without spending an attempt, until the
+    MAX_LOST_CLAIMS-th such loss makes it dead. The worker that held it is fenced out:
+    whatever it records later for that attempt is discarded.
     """
     return store.reap_expired(cur)
 
