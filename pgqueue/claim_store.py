@@ -46,6 +46,9 @@ class ClaimedJob:
     timeout: float | None = None  # seconds from the handler's start (pgqueue.timeouts)
     #: The pgqueue_limit rows it is counted in (None: none); its exit must decrement them.
     limit_ids: list[int] | None = None
+    #: Leases it lost before its start was recorded (each given back uncounted): the
+    #: worker has its start written before its handler runs (worker/executor.py).
+    lost_claims: int = 0
 
 
 class Claim(NamedTuple):
@@ -185,7 +188,7 @@ def claim_once(
         elif row[0] is None:
             switch = True
         else:
-            jobs.append(ClaimedJob(row[0], row[1], json.loads(row[2]), *row[3:12]))
+            jobs.append(ClaimedJob(row[0], row[1], json.loads(row[2]), *row[3:13]))
     jobs.sort(key=lambda j: (-j.priority, j.vtime, j.id))
     return Claim(jobs, recorded, switch, room_bound)
 

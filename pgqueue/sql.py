@@ -684,7 +684,7 @@ claimed AS (
      WHERE j.id = ANY(ARRAY(SELECT id FROM picked))  -- {BY_ID}
     RETURNING j.id, j.task, j.payload::text AS payload, j.tenant, j.queue, j.priority,
               j.attempts, j.max_attempts, j.lease_expires_at, j.vtime, j.timeout_seconds,
-              j.limit_ids
+              j.limit_ids, j.lost_claims
 )"""
 
 
@@ -722,17 +722,20 @@ leased AS (
      WHERE j.id = t.id AND j.id = ANY(ARRAY(SELECT id FROM touched))  -- {BY_ID}
     RETURNING t.run, j.id, j.task, j.payload::text AS payload, j.tenant, j.queue,
               j.priority, j.attempts, j.max_attempts, j.lease_expires_at, j.vtime,
-              j.timeout_seconds, j.limit_ids
+              j.timeout_seconds, j.limit_ids, j.lost_claims
 ),
 claimed AS (SELECT * FROM leased WHERE run)"""
+#: What a claim returns of each job. ``lost_claims`` tells the worker to have the job's
+#: start written before its handler runs (see JOB_REAP_EXPIRED).
 _CLAIMED_COLUMNS = (
     "id, task, payload, tenant, queue, priority, attempts, max_attempts, lease_expires_at, "
-    "vtime, timeout_seconds, limit_ids"
+    "vtime, timeout_seconds, limit_ids, lost_claims"
 )
 #: _CLAIMED_COLUMNS' types, all NULL: a row that is no job.
 _NO_JOB = (
     "NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::varchar, NULL::smallint, "
-    "NULL::int, NULL::int, NULL::timestamptz, NULL::float8, NULL::float8, NULL::bigint[]"
+    "NULL::int, NULL::int, NULL::timestamptz, NULL::float8, NULL::float8, NULL::bigint[], "
+    "NULL::int"
 )
 
 #: Once per statement (an InitPlan), in the statement's own snapshot: no pgqueue_limit row
@@ -1050,7 +1053,7 @@ _COMPLETE_AND_CLAIM = f"""
 SELECT TRUE AS is_claim, {_CLAIMED_COLUMNS} FROM claimed
 UNION ALL
 SELECT FALSE, id, NULL::text, NULL::text, NULL::text, NULL::varchar, NULL::smallint, NULL::int,
-       NULL::int, NULL::timestamptz, NULL::float8, NULL::float8, NULL::bigint[]
+       NULL::int, NULL::timestamptz, NULL::float8, NULL::float8, NULL::bigint[], NULL::int
   FROM done"""
 
 # -- name: JOB_COMPLETE_AND_CLAIM

@@ -13,6 +13,7 @@ tasks in ``tests/taskapp/tasks.py``).
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 import random
 import signal
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 import pgqueue
 from pgqueue import store
@@ -180,6 +182,54 @@ def test_job_of_a_worker_killed_mid_job_is_recovered_by_another(
     row = Job.objects.get(pk=job.id)
     assert (row.attempts, row.lease_owner, row.result) == (2, b_id, {"attempt": 2, "worker": b_id})
     assert history(job.id) == [(1, "lease_expired", a_id), (2, "done", b_id)]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_handler_that_ends_its_process_spends_its_own_attempts_not_its_neighbours(
+    workers: StartWorker,
+) -> None:
+    """``os._exit`` in one tenant's handler costs the jobs claimed beside it nothing.
+
+    Two worker processes (``--processes 2``: the parent restarts a child that dies), one
+    thread each, jobs held ahead for as long as it takes (PREFETCH_HOLD_SECONDS). Tenant evil's
+    job ends the process the moment it runs; tenant acme's job, claimed with it and behind
+    it (a lower priority), waits for the thread and dies with the process unstarted, each
+    time. The first loss of evil's job cannot be told from acme's (neither was seen to
+    start): both are given back free. From then on evil's start is written before its
+    handler runs, so each of its losses spends one of its two attempts and sends it to a
+    backoff, and it ends dead, while acme's job, never charged, runs and is done at its
+    first attempt. Before, acme's job paid an attempt for every crash; with the give-back
+    alone, the two were given back together until both were dead at MAX_LOST_CLAIMS.
+    """
+    evil, _ = pgqueue.enqueue("test.exit", {}, tenant="evil", max_attempts=2)
+    victim, _ = pgqueue.enqueue("test.echo", {"n": 1}, tenant="acme", priority=-1)
+    settings = {**FAST_RECOVERY, "PREFETCH_HOLD_SECONDS": 60, "MAX_LOST_CLAIMS": 4}
+    parent = workers("--processes", "2", "--concurrency", "1", settings=settings)
+
+    wait_for(
+        lambda: {status(evil.id), status(victim.id)} <= {"done", "dead"},
+        90,
+        "both jobs to end",
+    )
+    row = Job.objects.get(pk=victim.id)
+    assert (row.status, row.attempts, row.result) == ("done", 1, {"n": 1}), row.last_error
+    assert [(a, o) for a, o, _ in history(victim.id)] == [
+        *[(1, "lease_expired")] * row.lost_claims,
+        (1, "done"),
+    ]
+    assert 1 <= row.lost_claims < 4
+    lost = JobAttempt.objects.filter(job_id=victim.id, outcome="lease_expired")
+    assert all(a.started_at is None for a in lost)
+
+    dead = Job.objects.get(pk=evil.id)
+    assert (dead.attempts, dead.lost_claims) == (2, 1)
+    assert dead.last_error.startswith("lease expired: worker ")
+    assert [
+        (a.attempt, a.outcome, a.started_at is not None)
+        for a in JobAttempt.objects.filter(job_id=evil.id).order_by("id")
+    ] == [(1, "lease_expired", False), (1, "lease_expired", True), (2, "lease_expired", True)]
+    assert "event=child_died" in parent.log()
 
 
 # -- 3. retries -----------------------------------------------------------------------------
@@ -345,6 +395,72 @@ def test_stop_releases_claimed_but_unstarted_jobs() -> None:
     assert history(second.id) == []
     assert status(second.id) == "queued"
     assert WorkerRow.objects.get(pk=worker.id).stopped_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_given_back_while_its_worker_stalled_runs_once_when_that_worker_claims_it_again() -> (
+    None
+):
+    """A held-up worker whose unstarted job maintenance gave back, and which then claims
+    that job again under the same attempt number, runs it once, under the new claim.
+
+    In-process, with the WorkerLoop's own methods: one thread, on a job that blocks (its
+    start recorded by a heartbeat round), and a second job claimed ahead behind it. The
+    leases run out as if the process had stalled (a neighbour holding the GIL): the
+    reaper spends the first job's attempt and gives the second back uncounted. The same
+    worker claims the second again: attempt 1 again, so its old context and the new one
+    both match the fence (worker, attempt). The old one is dropped as lost, never started
+    and never given back; the new one runs and is recorded.
+    """
+    gate = threading.Event()
+    GATES["stalled"] = gate
+    first, _ = pgqueue.enqueue("test.gate", {"gate": "stalled"}, tenant="evil", queue="q")
+    second, _ = pgqueue.enqueue("test.echo", {"n": 2}, tenant="acme", queue="q")
+    worker = WorkerLoop(queues=["q"], concurrency=1)
+    try:
+        worker._connect_until_up()
+        assert worker.db is not None
+        with worker.db.cursor() as cur:
+            claimed = store.claim(
+                cur, worker=worker.id, queues=worker.queues, limit=2, lease_seconds=worker.lease
+            )
+        assert [c.id for c in claimed] == [first.id, second.id]
+        worker._dispatch(claimed)
+        wait_for(lambda: worker.in_flight[first.id].started, 5, "the first job to start")
+        worker._heartbeat()  # writes the first job's start
+        old = worker.in_flight[second.id]
+        assert not old.started
+
+        with connection.cursor() as cur:  # the process stalls past its leases
+            assert store.reap_expired(cur, now=timezone.now() + dt.timedelta(hours=1)) == {
+                first.id: "scheduled",
+                second.id: "queued",
+            }
+        with worker.db.cursor() as cur:
+            again = store.claim(
+                cur, worker=worker.id, queues=worker.queues, limit=1, lease_seconds=worker.lease
+            )
+        assert [(c.id, c.attempt) for c in again] == [(second.id, old.attempt)]
+        worker._dispatch(again)
+        assert old.lost and worker.in_flight[second.id] is not old
+        assert status(second.id) == "running"
+
+        gate.set()
+        wait_for(lambda: worker.outcomes.qsize() == 3, 10, "the three outcomes")
+        worker._take_outcomes()
+        assert not worker.stops.lingering and not worker.in_flight
+        outcomes = {id(o.ctx): o for o in worker.pending}
+        assert outcomes[id(old)].error == "not run: lease lost" and not old.started
+        worker._turn()
+    finally:
+        gate.set()
+        worker._shutdown()
+        del GATES["stalled"]
+
+    row = Job.objects.get(pk=second.id)
+    assert (row.status, row.attempts, row.result) == ("done", 1, {"n": 2})
+    assert history(second.id) == [(1, "lease_expired", worker.id), (1, "done", worker.id)]
+    assert (status(first.id), Job.objects.get(pk=first.id).attempts) == ("scheduled", 1)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -39,6 +39,7 @@ class JobContext:
         "payload",
         "priority",
         "queue",
+        "record_start_first",
         "settled",
         "start_written",
         "task",
@@ -61,6 +62,7 @@ class JobContext:
         worker_id: str,
         heartbeat: Callable[[float], None],
         timeout: float | None = None,
+        record_start_first: bool = False,
     ) -> None:
         self.id = id
         self.task = task
@@ -77,6 +79,9 @@ class JobContext:
         self.began: float | None = None
         #: Its start was written to the job's row (by a heartbeat round).
         self.start_written = False
+        #: The job lost a lease before its start was recorded (``lost_claims``): its start
+        #: is written before its handler runs (JobExecutor._write_start).
+        self.record_start_first = record_start_first
         self.future: Any = None
         self._heartbeat = heartbeat
         self._lost = False  # written by the worker's loop thread only

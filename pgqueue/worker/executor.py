@@ -163,6 +163,7 @@ class JobExecutor:
             worker_id=self.worker_id,
             heartbeat=self.heartbeat,
             timeout=job.timeout,
+            record_start_first=job.lost_claims > 0,
         )
 
     def start(self, job: ClaimedJob) -> JobContext:
@@ -217,22 +218,56 @@ class JobExecutor:
         self._events.stop()
         self._events = None
 
+    #: Longest a handler thread waits for the loop to write a start (``_write_start``)
+    #: before it runs the handler anyway: with the loop held up that long (a neighbour
+    #: holding the GIL, the database away) the job is as it was, a loss of it given back
+    #: free once more, up to MAX_LOST_CLAIMS.
+    START_WAIT_SECONDS = 10.0
+
     def _work(self) -> None:
         """A handler thread: take a job, run it, deliver its outcome, until told to stop."""
         while True:
             ctx = self._jobs.get()
             if ctx is None:
                 return
-            if ctx.settled:  # cancelled before it started: not run at all
-                self.deliver(HandlerOutcome(ctx, ok=False, error=f"not run: {ctx.stop_reason}"))
+            if ctx.settled or ctx.lost:  # cancelled, or recovered elsewhere: not run at all
+                why = ctx.stop_reason or "lease lost"
+                self.deliver(HandlerOutcome(ctx, ok=False, error=f"not run: {why}"))
                 continue
             ctx.mark_started()
             if ctx.timeout is not None and self.timing is not None:
                 self.timing()
+            if ctx.record_start_first and not self._write_start(ctx):
+                why = ctx.stop_reason or "lease lost"
+                self.deliver(HandlerOutcome(ctx, ok=False, error=f"not run: {why}"))
+                continue
             outcome = self._run(ctx)
             if outcome.ended is None:  # an outcome _run made itself (a BaseException)
                 _ended(outcome)
             self.deliver(outcome)
+
+    def _write_start(self, ctx: JobContext) -> bool:
+        """Have the loop write the start of ``ctx`` to the job's row before its handler runs
+        (heartbeat rounds, asked for and waited on); returns whether the job is still this
+        worker's to run.
+
+        For a job that lost a lease before its start was recorded (``record_start_first``):
+        maintenance gave it back without spending an attempt (JOB_REAP_EXPIRED), since a
+        job waiting for a thread in a process that a neighbour's handler crashed or stalled
+        must not pay for it. A handler that ends its process at once is never seen to
+        start either, so without this it and the jobs claimed ahead with it would be given
+        back together again and again, alike, until each went dead at MAX_LOST_CLAIMS. With
+        its start written first, its next loss spends one of its own attempts and sends it
+        to a backoff, while the jobs beside it, never started, are still given back free.
+        Costs a round trip before the handler of such a job only.
+        """
+        deadline = time.monotonic() + self.START_WAIT_SECONDS
+        while not (ctx.start_written or ctx.lost or ctx.settled):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self.heartbeat(remaining)
+        return not (ctx.lost or ctx.settled)
 
     def _run(self, ctx: JobContext) -> HandlerOutcome:
         """The outcome of one job; a BaseException its handler raised is one too.

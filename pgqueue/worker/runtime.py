@@ -348,12 +348,10 @@ class WorkerLoop:
     def _release_unstarted(self) -> None:
         """On stop: give back jobs claimed but not yet started (those claimed ahead among
         them), so others run them now; the executor will not start them any more."""
-        unstarted = self.executor.take_unstarted()
+        unstarted = self._take_unstarted()
         if unstarted:
             assert self.db is not None
             self.recorder.release(self.db, unstarted)
-            for ctx in unstarted:
-                self.in_flight.pop(ctx.id, None)
         self._released = True
 
     def _give_back_stranded(self) -> None:
@@ -364,15 +362,30 @@ class WorkerLoop:
         (JOB_RELEASE_MANY); none is claimed ahead again until a thread is free."""
         if time.monotonic() < self._stranded_at():
             return
-        unstarted = self.executor.take_unstarted()
+        unstarted = self._take_unstarted()
         if not unstarted:
             return
         assert self.db is not None
         self.recorder.release(self.db, unstarted, reason="not_started_within_hold")
         for ctx in unstarted:
-            self.in_flight.pop(ctx.id, None)
             self.limited.discard(ctx.id)
         self.gave_back = True
+
+    def _take_unstarted(self) -> list[JobContext]:
+        """Take back from the executor the jobs no thread has started, no longer in hand,
+        and return those to give back: not one whose lease was lost. That job is not this
+        worker's any more; the worker may even hold it again, claimed anew under the same
+        attempt number (see _dispatch), and a give-back fenced on (worker, attempt) would
+        then hit the new claim."""
+        taken: list[JobContext] = []
+        for ctx in self.executor.take_unstarted():
+            if self.in_flight.get(ctx.id) is ctx:
+                del self.in_flight[ctx.id]
+            elif ctx in self.stops.lingering:
+                self.stops.lingering.remove(ctx)
+            if not ctx.lost:
+                taken.append(ctx)
+        return taken
 
     def _stranded_at(self) -> float:
         """When the oldest job waiting for a thread is to be given back (monotonic; inf
@@ -441,8 +454,19 @@ class WorkerLoop:
             if not serves(job.task):
                 self.recorder.unrunnable.append(job)  # given back below, uncounted
                 continue
-            if job.id in self.in_flight:  # its timed-out attempt's handler is still running
-                self.stops.lingering.append(self.in_flight[job.id])
+            held = self.in_flight.get(job.id)
+            if held is not None and held.attempt == job.attempt and not held.lost:
+                # Maintenance gave the job back while this process was held up (its lease
+                # ran out before its start was recorded: no attempt spent) and this claim
+                # took it again under the same number: the old context is no longer ours.
+                held.mark_lost()
+                logger.warning(
+                    "job=%d attempt=%d event=lease_lost action=result_will_be_discarded",
+                    held.id,
+                    held.attempt,
+                )
+            if held is not None:  # a timed-out or lost attempt whose handler may still run
+                self.stops.lingering.append(held)
             self.in_flight[job.id] = self.executor.start(job)
             if job.limit_ids:
                 self.limited.add(job.id)

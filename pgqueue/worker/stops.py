@@ -41,8 +41,10 @@ class JobStops:
         self.heartbeats = heartbeats
         self.recorder = recorder
         self._notified = False  # a cancel notification arrived since the last round
-        #: Ended attempts whose handler still runs while the worker runs the job again
-        #: (a timeout, retried, claimed by this worker): each still holds a thread.
+        #: Ended attempts whose handler still runs (or, never started, waits for a thread to
+        #: drop it) while the worker runs the job again: a timeout, retried, or a lease
+        #: lost and the job given back, each claimed again by this worker. Each holds a
+        #: thread, or will until dropped.
         self.lingering: list[JobContext] = []
 
     @property

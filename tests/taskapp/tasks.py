@@ -64,6 +64,13 @@ def block(payload, job):
     return {"attempt": job.attempt, "worker": job.worker_id}
 
 
+@pgqueue.task(name="test.exit")
+def exit_process(payload, job):
+    """End the worker's process at once, as a crash in C would: no cleanup, nothing
+    recorded, every job the process holds left to its lease."""
+    os._exit(payload.get("code", 3) if isinstance(payload, dict) else 3)
+
+
 @pgqueue.task(name="test.fail_until")
 def fail_until(payload, job):
     """Fail every attempt before ``payload["succeed_on"]``, then succeed."""
