@@ -30,6 +30,7 @@ from .exceptions import (
     PayloadTooLarge,
     PermanentError,
     PgQueueError,
+    TooManyQueues,
     UnknownTask,
 )
 from .registry import get_task
@@ -48,6 +49,7 @@ __all__ = [
     "PermanentError",
     "PgQueueError",
     "Task",
+    "TooManyQueues",
     "UnknownTask",
     "enqueue",
     "enqueue_many",

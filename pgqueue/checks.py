@@ -246,6 +246,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         if problem:
             problems.append(problem)
     problems.extend(_retention_problems(s.RETENTION))
+    if s.MAX_QUEUES_PER_TENANT is not None:
+        problem = _number("MAX_QUEUES_PER_TENANT", s.MAX_QUEUES_PER_TENANT, minimum=1, integer=True)
+        if problem:
+            problems.append(problem.replace(" must be ", " must be None or ", 1))
     for name, minimum in (("COUNT_CAP", 1), ("API_PAGE_BYTES", 1024), ("API_FIELD_BYTES", 64)):
         problem = _number(name, getattr(s, name), minimum=minimum, integer=True)
         if problem:

@@ -140,6 +140,15 @@ DEFAULTS: dict[str, Any] = {
     # The highest priority a tenant key may set (-100..100) unless its own max_priority
     # says otherwise: priority orders before fairness, so it is an operator's lever.
     "TENANT_MAX_PRIORITY": 0,
+    # The most queues one tenant may have jobs in at once (None: no bound). A queue counts
+    # from the tenant's first job there until its jobs have finished and maintenance has
+    # released the tenant's fair clocks there (pgqueue.fair_store.prune_fair_clocks); an
+    # enqueue into one more is refused (TooManyQueues, a 400 naming "queue" over HTTP).
+    # Each queue a tenant uses is a series of /metrics and a row of the dashboard, and
+    # names are the caller's to choose. A retry over the HTTP API is refused as an enqueue
+    # would be; periodic schedules (the project's), operators' retries (admin, CLI,
+    # services.retry_jobs) and promotions of jobs already admitted are not bounded.
+    "MAX_QUEUES_PER_TENANT": 100,
     # Counts that grow with the history (finished jobs by queue or tenant, a filtered
     # GET /jobs) are exact up to this many; past it they read "N+" (or, for GET /jobs, an
     # estimate flagged count_is_estimate), so no page or scrape reads every job.

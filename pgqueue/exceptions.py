@@ -78,6 +78,24 @@ class PayloadTooLarge(InvalidJob):
         super().__init__("payload", f"{size} bytes of JSON, more than the limit of {limit}")
 
 
+class TooManyQueues(InvalidJob):
+    """The tenant has jobs in PGQUEUE["MAX_QUEUES_PER_TENANT"] queues already."""
+
+    code = "too_many_queues"
+
+    def __init__(self, tenant: str, queue: str, limit: int) -> None:
+        self.tenant = tenant
+        self.queue = queue
+        self.limit = limit
+        super().__init__(
+            "queue",
+            f"tenant {tenant!r} already has jobs in {limit} queues, the most "
+            f"PGQUEUE['MAX_QUEUES_PER_TENANT'] allows; {queue!r} is not one of them "
+            "(a queue stops counting once its jobs have finished and maintenance has "
+            "released it)",
+        )
+
+
 class JobNotFound(PgQueueError):
     """No such job."""
 

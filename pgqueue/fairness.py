@@ -76,20 +76,39 @@ def level_head(queue: str, priority: str) -> str:
     tuple). ``queue`` and ``priority`` are SQL expressions.
     """
     return f"""COALESCE(
-        (SELECT hj.vtime FROM pgqueue_job hj
+        {queued_head(queue, priority)},
+        {gated_head(queue, priority)},
+        {clock_head(queue, priority)},
+        0.0)"""
+
+
+def queued_head(queue: str, priority: str) -> str:
+    """SQL: the lowest vtime of the level's queued ungated jobs (NULL: none); one tuple of
+    pgqueue_job_claim. The first term of ``level_head``."""
+    return f"""(SELECT hj.vtime FROM pgqueue_job hj
           WHERE hj.queue = {queue} AND hj.priority = {priority} AND hj.status = 'queued'
             AND NOT hj.gated
-          ORDER BY hj.vtime LIMIT 1),
-        (SELECT min(hg.vtime)
+          ORDER BY hj.vtime LIMIT 1)"""
+
+
+def gated_head(queue: str, priority: str) -> str:
+    """SQL: the lowest vtime of the level's gated jobs, those of tenants with a limit row
+    (the only ones that can have gated jobs: LIMIT_DELETE_UNUSED keeps a row while its scope
+    has any); NULL: none. The second term of ``level_head``."""
+    return f"""(SELECT min(hg.vtime)
            FROM (SELECT DISTINCT hl.tenant FROM pgqueue_limit hl WHERE hl.tenant <> '') ht
           CROSS JOIN LATERAL (
                 SELECT g.vtime FROM pgqueue_job g
                  WHERE g.queue = {queue} AND g.tenant = ht.tenant
                    AND g.priority = {priority} AND g.status = 'queued' AND g.gated
-                 ORDER BY g.priority DESC, g.vtime LIMIT 1) hg),
-        (SELECT max(hc.vtime) FROM pgqueue_fair_clock hc
-          WHERE hc.queue = {queue} AND hc.priority = {priority}),
-        0.0)"""
+                 ORDER BY g.priority DESC, g.vtime LIMIT 1) hg)"""
+
+
+def clock_head(queue: str, priority: str) -> str:
+    """SQL: the largest clock of the level (NULL: none); a backward scan of one tuple of
+    pgqueue_fair_clock_level. The third term of ``level_head``."""
+    return f"""(SELECT max(hc.vtime) FROM pgqueue_fair_clock hc
+          WHERE hc.queue = {queue} AND hc.priority = {priority})"""
 
 
 def tenant_weight(tenant: str, queue: str) -> str:

@@ -121,6 +121,9 @@ class FairClock(models.Model):
         indexes = [
             # "Where is this priority level's clock?" when it has no queued job: max(vtime).
             models.Index(fields=["queue", "priority", "vtime"], name="pgqueue_fair_clock_level"),
+            # "How many queues does this tenant have clocks in?" (MAX_QUEUES_PER_TENANT),
+            # asked only by an enqueue into a queue new to the tenant: an index-only range.
+            models.Index(fields=["tenant", "queue"], name="pgqueue_fair_clock_tenant"),
         ]
 
     def __str__(self) -> str:

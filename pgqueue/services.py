@@ -21,7 +21,13 @@ from django.utils import timezone
 
 from . import stop_store, store
 from .conf import pgqueue_settings, queue_db
-from .exceptions import InvalidJob, InvalidTransition, JobNotFound, PayloadTooLarge
+from .exceptions import (
+    InvalidJob,
+    InvalidTransition,
+    JobNotFound,
+    PayloadTooLarge,
+    TooManyQueues,
+)
 from .models import MAX_WEIGHT, MIN_WEIGHT, Job, Status
 from .nesting import nested_deeper_than
 from .registry import RegisteredTask, get_task
@@ -351,6 +357,7 @@ def _insert(
         idempotency_key=opts.idempotency_key,
         run_at=opts.run_at,
         timeout=opts.timeout,
+        max_queues=pgqueue_settings.MAX_QUEUES_PER_TENANT,
     )
 
 
@@ -464,6 +471,20 @@ def cancel_or_ask(job_id: int, *, using: str | None = None) -> tuple[Job, bool]:
     result = cancel_jobs([job_id], using=using)
     job = _single(result, job_id, "cancelled", CANCELLABLE, using)
     return job, int(job_id) in result.requested
+
+
+def check_queue_bound(tenant: str, queue: str, *, using: str | None = None) -> None:
+    """Raise TooManyQueues unless a job of ``tenant`` may become live in ``queue`` under
+    PGQUEUE["MAX_QUEUES_PER_TENANT"], as an enqueue there would be: for a retry asked by
+    the tenant (the HTTP API's), which would otherwise bring its finished jobs of any
+    number of old queues back to life. Not atomic with the retry: racing ones may pass the
+    bound by their number, as racing enqueues may."""
+    bound = pgqueue_settings.MAX_QUEUES_PER_TENANT
+    if bound is None:
+        return
+    with connections[queue_db(using)].cursor() as cursor:
+        if not store.queue_admitted(cursor, tenant=tenant, queue=queue, max_queues=bound):
+            raise TooManyQueues(tenant, queue, bound)
 
 
 def retry(job_id: int, *, using: str | None = None) -> Job:

@@ -27,7 +27,15 @@ Conventions:
 
 from __future__ import annotations
 
-from .fairness import charge_units, job_vtime, level_head, run_time_charge, tenant_weight
+from .fairness import (
+    charge_units,
+    gated_head,
+    job_vtime,
+    level_head,
+    queued_head,
+    run_time_charge,
+    tenant_weight,
+)
 
 NOW = "COALESCE(%(now)s::timestamptz, now())"
 
@@ -125,45 +133,85 @@ def _enqueued(rows: str) -> str:
     )
 
 
-# -- name: JOB_ENQUEUE
-# A job of a tenant a limit applies to is enqueued gated (out of the claim index; _gated).
-# Enqueue 1..1,000 runnable jobs of one task, tenant, queue and priority in one statement,
-# returning each new job's columns (_enqueued).
-# An idempotency key already taken (and committed) is seen before the clock is charged, so
-# the tenant pays no virtual time for it. Racing duplicates are settled by ON CONFLICT; the
-# loser is told (a NULL id) and refunds the clock with FAIR_CLOCK_REFUND. pg_notify is
-# delivered only on commit: a rolled-back enqueue leaves no job, no charged virtual time
-# and no wake-up.
-# Locks: the tenant's fair-clock row for (queue, tenant, priority), by INSERT .. ON CONFLICT
-#   DO UPDATE, until the caller's transaction ends. Concurrent enqueues of one tenant at one
-#   level therefore serialise and get distinct vtimes; other tenants are not blocked.
-# Indexes: pgqueue_fair_clock_uniq (the upsert), pgqueue_job_claim and
-#   pgqueue_fair_clock_level (the level head, one tuple each), pgqueue_job_idempotency.
-# Called by: store.enqueue, from services.enqueue / enqueue_many (the Python API, the HTTP
-#   API and the Tasks backend), inside the caller's transaction.
-def _job_enqueue(by_time: bool) -> str:
-    """JOB_ENQUEUE charging 1 per job (by jobs) or its task's run-time charge (by time)."""
-    units = charge_units(by_time, "%(n)s", "(SELECT c FROM charge)")
-    rank = charge_units(by_time, "p.ord", "(SELECT c FROM charge)")
-    charge = f"charge AS (SELECT {run_time_charge('%(task)s')} AS c),\n" if by_time else ""
-    column, value = (", charge", ", (SELECT c FROM charge)") if by_time else ("", "")
-    return f"""
-WITH tenant_row AS ({_TENANT_ENSURE}),
-{charge}weight AS (SELECT {tenant_weight("%(tenant)s", "%(queue)s")} AS w),
-head AS (SELECT {level_head("%(queue)s", "%(priority)s")} AS h),
-gate AS (SELECT {_gated("%(tenant)s", "%(queue)s")} AS g),
-clock AS (
-    INSERT INTO pgqueue_fair_clock AS c (queue, tenant, priority, vtime)
-    SELECT %(queue)s, %(tenant)s, %(priority)s, head.h + {units} / weight.w
-      FROM head, weight
-     WHERE %(idempotency_key)s::text IS NULL OR NOT EXISTS (
+#: A taken idempotency key (committed): SQL, true when %(idempotency_key)s names a job of
+#: the tenant. One probe of pgqueue_job_idempotency; folded away without a key.
+_KEY_FREE = """%(idempotency_key)s::text IS NULL OR NOT EXISTS (
            SELECT 1 FROM pgqueue_job dup
-            WHERE dup.tenant = %(tenant)s AND dup.idempotency_key = %(idempotency_key)s)
-    ON CONFLICT (queue, tenant, priority) DO UPDATE
-       SET vtime = GREATEST(c.vtime + {units} / (SELECT w FROM weight), EXCLUDED.vtime)
-    RETURNING c.vtime - {units} / (SELECT w FROM weight) AS start, (SELECT w FROM weight) AS w
+            WHERE dup.tenant = %(tenant)s AND dup.idempotency_key = %(idempotency_key)s)"""
+
+#: The bound of the enqueue statements: PGQUEUE["MAX_QUEUES_PER_TENANT"], or NULL.
+MAX_QUEUES = "%(max_queues)s::int"
+
+#: SQL: tenant %(tenant)s has clocks in fewer than MAX_QUEUES queues (counted up to that
+#: many distinct queues of pgqueue_fair_clock_tenant (tenant, queue), an index-only range).
+_FEWER_QUEUES = f"""(SELECT count(*) FROM (
+                          SELECT DISTINCT b.queue FROM pgqueue_fair_clock b
+                           WHERE b.tenant = %(tenant)s
+                           LIMIT {MAX_QUEUES}) n) < {MAX_QUEUES}"""
+
+
+def _admit() -> str:
+    """The CTEs ``own`` and ``admit`` of the statements that enqueue into a level new to
+    the tenant (the *_FIRST statements), as their snapshot shows them:
+    - ``own``: whether the tenant has a fair clock in the queue (``in_queue``) and at the
+      level (``at_level``): a range of pgqueue_fair_clock_uniq (queue, tenant), a row per
+      priority the tenant uses in the queue.
+    - ``admit``: ``fresh``, the idempotency key is not taken (a taken one enqueues nothing
+      and is not refused: the caller returns its job); ``admitted``, the queue is one of
+      the tenant's, or MAX_QUEUES is NULL, or the tenant has clocks in fewer than
+      MAX_QUEUES queues: counted only for a queue new to the tenant, up to MAX_QUEUES
+      distinct queues of pgqueue_fair_clock_tenant (tenant, queue), an index-only range.
+      Enqueues into new queues that run at once do not see one another's new clocks
+      (uncommitted), so together they pass the bound by at most their number.
+    """
+    return f"""own AS MATERIALIZED (
+    SELECT count(*) > 0 AS in_queue,
+           COALESCE(bool_or(o.priority = %(priority)s), FALSE) AS at_level
+      FROM pgqueue_fair_clock o
+     WHERE o.queue = %(queue)s AND o.tenant = %(tenant)s
 ),
-inserted AS (
+admit AS MATERIALIZED (
+    SELECT {_KEY_FREE} AS fresh,
+           CASE WHEN (SELECT in_queue FROM own) OR {MAX_QUEUES} IS NULL THEN TRUE
+                ELSE {_FEWER_QUEUES}
+           END AS admitted
+)"""
+
+
+def _outcome(clock: str | None) -> str:
+    """The trailing row of a *_FIRST statement that inserted nothing: its ``state`` says
+    why. ``'taken'``: the idempotency key is taken (nothing charged; the caller returns
+    its job). ``'refused'``: the queue is new to a tenant at MAX_QUEUES_PER_TENANT. With
+    ``clock`` (the CTE of the clock charged, JOB_ENQUEUE_FIRST's), also ``'known'``: the
+    snapshot shows the tenant's clock at the level after all (a concurrent enqueue of the
+    tenant created it since JOB_ENQUEUE's snapshot), so the caller runs JOB_ENQUEUE again;
+    and ``'raced'``: the level's largest clock was deleted by FAIR_CLOCK_DELETE_IDLE while
+    this statement waited for it, and the caller runs the statements again, with a
+    snapshot that shows the deletion. Columns as _enqueued's, then the wake-up's and the
+    state."""
+    more = ""
+    if clock:
+        more = """
+                WHEN (SELECT at_level FROM own) THEN 'known'"""
+    tail = ""
+    if clock:
+        tail = f"""
+                WHEN NOT EXISTS (SELECT 1 FROM {clock}) THEN 'raced'"""
+    return f"""
+SELECT NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::float8, NULL::boolean, s.state
+  FROM (SELECT CASE WHEN NOT a.fresh THEN 'taken'{more}
+                WHEN NOT a.admitted THEN 'refused'{tail} END AS state
+          FROM admit a) s
+ WHERE s.state IS NOT NULL"""
+
+
+def _insert_jobs(by_time: bool) -> str:
+    """The ``inserted`` CTE of the enqueue statements of runnable jobs: the jobs, each with
+    its vtime from the ``clock`` CTE's ``start`` and ``w`` and its rank (_enqueued's
+    columns returned)."""
+    rank = charge_units(by_time, "p.ord", "(SELECT c FROM charge)")
+    column, value = (", charge", ", (SELECT c FROM charge)") if by_time else ("", "")
+    return f"""inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
                              timeout_seconds, gated{column})
@@ -174,11 +222,74 @@ inserted AS (
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, run_at, created_at, vtime
-)
+)"""
+
+
+def _enqueue_head(by_time: bool, tenant: bool = True) -> str:
+    """The first CTEs of the enqueue statements of runnable jobs: the tenant row (unless
+    not ``tenant``), the charge (by time), the tenant's weight, the level's head and
+    whether a limit gates the jobs."""
+    charge = f"charge AS (SELECT {run_time_charge('%(task)s')} AS c),\n" if by_time else ""
+    first = f"tenant_row AS ({_TENANT_ENSURE}),\n" if tenant else ""
+    return f"""
+WITH {first}{charge}weight AS (SELECT {tenant_weight("%(tenant)s", "%(queue)s")} AS w),
+head AS (SELECT {level_head("%(queue)s", "%(priority)s")} AS h),
+gate AS (SELECT {_gated("%(tenant)s", "%(queue)s")} AS g)"""
+
+
+# -- name: JOB_ENQUEUE
+# A job of a tenant a limit applies to is enqueued gated (out of the claim index; _gated).
+# Enqueue 1..1,000 runnable jobs of one task, tenant, queue and priority in one statement,
+# the tenant having a fair clock at that level (queue, priority): the common case. Returns
+# each new job's columns (_enqueued), then its wake-up and a NULL state.
+# An idempotency key already taken (and committed) is seen before the clock is charged, so
+# the tenant pays no virtual time for it: one row says 'taken'. Racing duplicates are
+# settled by ON CONFLICT; the loser is told (a NULL id) and refunds the clock with
+# FAIR_CLOCK_REFUND. pg_notify is delivered only on commit: a rolled-back enqueue leaves no
+# job, no charged virtual time and no wake-up.
+# No row at all: the tenant has no clock at the level in this statement's snapshot, or
+# had one that FAIR_CLOCK_DELETE_IDLE deleted while this statement waited for its lock.
+# Nothing was written, and store.enqueue runs JOB_ENQUEUE_FIRST, whose snapshot is newer
+# than the deletion. The clock is charged by an UPDATE, not an upsert, for that reason:
+# an upsert would create again, from the head of its snapshot, a clock a prune deleted
+# (and the level's scale with it, see "Idle fair clocks"). The first job at a level is
+# the other statement's so that this one, the common case, plans and starts no more nodes
+# than the upsert it replaces (a second data-modifying CTE and a row lock here cost every
+# enqueue about 0.5 ms, measured; the first job at a level pays a second round trip).
+# The tenant row is ensured only once the clock is charged.
+# Locks: the tenant's fair-clock row for (queue, tenant, priority) (the UPDATE), until the
+#   caller's transaction ends. Concurrent enqueues of one tenant at one level therefore
+#   serialise and get distinct vtimes; other tenants are not blocked.
+# Indexes: pgqueue_fair_clock_uniq (the UPDATE), pgqueue_job_claim and
+#   pgqueue_fair_clock_level (the level head, one tuple each), pgqueue_job_idempotency.
+# Called by: store.enqueue, from services.enqueue / enqueue_many (the Python API, the HTTP
+#   API and the Tasks backend) and schedules._fire, inside the caller's transaction.
+def _job_enqueue(by_time: bool) -> str:
+    """JOB_ENQUEUE charging 1 per job (by jobs) or its task's run-time charge (by time)."""
+    units = charge_units(by_time, "%(n)s", "(SELECT c FROM charge)")
+    return f"""{_enqueue_head(by_time, tenant=False)},
+fresh AS (SELECT {_KEY_FREE} AS ok),
+clock AS (
+    UPDATE pgqueue_fair_clock c
+       SET vtime = GREATEST(c.vtime + {units} / (SELECT w FROM weight),
+                            (SELECT h FROM head) + {units} / (SELECT w FROM weight))
+     WHERE c.queue = %(queue)s AND c.tenant = %(tenant)s AND c.priority = %(priority)s
+       AND (SELECT ok FROM fresh)
+    RETURNING c.vtime - {units} / (SELECT w FROM weight) AS start, (SELECT w FROM weight) AS w
+),
+tenant_row AS (  -- as _TENANT_ENSURE, once there is a clock: a statement that finds none
+    INSERT INTO pgqueue_tenant (name, weight) SELECT %(tenant)s, 1.0 FROM clock
+    ON CONFLICT (name) DO NOTHING
+),
+{_insert_jobs(by_time)}
 -- One row per inserted job; a single row with a NULL id when the clock was charged but
--- ON CONFLICT inserted nothing (the caller refunds); no row when nothing was charged.
-SELECT {_enqueued("inserted")}, (SELECT pg_notify(%(channel)s, %(queue)s)) IS NULL
-  FROM clock LEFT JOIN inserted ON TRUE
+-- ON CONFLICT inserted nothing (the caller refunds); a single row saying 'taken' when the
+-- key was taken before (nothing charged); no row when the tenant has no clock here.
+SELECT {_enqueued("inserted")},
+       CASE WHEN f.ok THEN (SELECT pg_notify(%(channel)s, %(queue)s)) IS NULL END,
+       CASE WHEN NOT f.ok THEN 'taken' END AS state
+  FROM fresh f LEFT JOIN clock ON TRUE LEFT JOIN inserted ON TRUE
+ WHERE clock.start IS NOT NULL OR NOT f.ok
  ORDER BY inserted.id
 """
 
@@ -194,21 +305,95 @@ JOB_ENQUEUE = _job_enqueue(False)
 # Called by: store.enqueue when fairness.by_time(), from services.enqueue / enqueue_many.
 JOB_ENQUEUE_BY_TIME = _job_enqueue(True)
 
-# -- name: JOB_ENQUEUE_SCHEDULED
-# Enqueue 1..1,000 jobs that become runnable later (run_at in the future), returning
-# each new job's columns (_enqueued; vtime is NULL). They wait in 'scheduled', outside the claim
-# index, and get their vtime when JOB_PROMOTE_DUE makes them runnable. No wake-up: nothing
-# is runnable yet.
-# Locks: none held on existing rows. The tenant's clock row is created here (DO NOTHING:
-#   no lock on an existing row) so that promotion only ever locks rows that exist.
-# Indexes: pgqueue_job_scheduled gains the rows; pgqueue_job_idempotency;
-#   pgqueue_fair_clock_uniq.
-# Called by: store.enqueue (with a run_at), from services.enqueue / enqueue_many.
-JOB_ENQUEUE_SCHEDULED = f"""
-WITH tenant_row AS ({_TENANT_ENSURE}),
+
+# -- name: JOB_ENQUEUE_FIRST
+# JOB_ENQUEUE for a tenant with no fair clock at the level: run by store.enqueue when
+# JOB_ENQUEUE returned no row. A queue new to the tenant is admitted only below
+# MAX_QUEUES_PER_TENANT (_admit: the count is made only then); refused, nothing is written
+# (but the tenant row) and one row says 'refused'. The clock is created from the level's
+# head, by an upsert (a concurrent first enqueue of the same tenant may create it first:
+# then it is charged). The level's keeper in the snapshot (its largest clock,
+# LEVEL_LARGEST) is first held FOR KEY SHARE: FAIR_CLOCK_DELETE_IDLE deletes a level's
+# keeper only with the whole level, holding every clock of it FOR UPDATE, so it leaves
+# this level whole while the new clock and jobs are uncommitted
+# (their vtimes are of the level's current scale, which that deletion would start again
+# from 0); if the prune got there first this waits for it and finds the clock deleted,
+# writes nothing and one row says 'raced' (store.enqueue runs the statements again, with
+# a snapshot that shows the deletion). Other rows and states as JOB_ENQUEUE's, and
+# 'known' (_outcome).
+# Locks: the new clock row (the upsert), and the level's keeper FOR KEY SHARE,
+#   until the caller's transaction ends. KEY SHARE conflicts with no enqueue, promotion or
+#   correction (FOR NO KEY UPDATE), only with the prune's FOR UPDATE.
+# Indexes: pgqueue_fair_clock_uniq (the tenant's clocks in the queue, the upsert),
+#   pgqueue_fair_clock_tenant (the count, a queue new to the tenant only),
+#   pgqueue_fair_clock_level (the largest clock), then as JOB_ENQUEUE.
+# Called by: store.enqueue, after JOB_ENQUEUE returned no row.
+def _job_enqueue_first(by_time: bool) -> str:
+    """JOB_ENQUEUE_FIRST charging 1 per job (by jobs) or its task's run-time charge."""
+    units = charge_units(by_time, "%(n)s", "(SELECT c FROM charge)")
+    return f"""{_enqueue_head(by_time)},
+{_admit()},
+level_max AS MATERIALIZED (
+    SELECT m.id FROM pgqueue_fair_clock m
+     WHERE m.queue = %(queue)s AND m.priority = %(priority)s
+     ORDER BY m.vtime DESC, m.id LIMIT 1  -- the level's keeper (LEVEL_LARGEST)
+),
+level_held AS MATERIALIZED (
+    SELECT k.id FROM pgqueue_fair_clock k WHERE k.id = (SELECT id FROM level_max)
+       FOR KEY SHARE
+),
+clock AS (
+    INSERT INTO pgqueue_fair_clock AS c (queue, tenant, priority, vtime)
+    SELECT %(queue)s, %(tenant)s, %(priority)s, head.h + {units} / weight.w
+      FROM head, weight
+     WHERE NOT (SELECT at_level FROM own) AND (SELECT fresh AND admitted FROM admit)
+       AND (NOT EXISTS (SELECT 1 FROM level_max) OR EXISTS (SELECT 1 FROM level_held))
+    ON CONFLICT (queue, tenant, priority) DO UPDATE
+       SET vtime = GREATEST(c.vtime + {units} / (SELECT w FROM weight), EXCLUDED.vtime)
+    RETURNING c.vtime - {units} / (SELECT w FROM weight) AS start, (SELECT w FROM weight) AS w
+),
+{_insert_jobs(by_time)}
+SELECT {_enqueued("inserted")}, (SELECT pg_notify(%(channel)s, %(queue)s)) IS NULL,
+       NULL::text AS state
+  FROM clock LEFT JOIN inserted ON TRUE
+ UNION ALL{_outcome("clock")}
+ ORDER BY id
+"""
+
+
+JOB_ENQUEUE_FIRST = _job_enqueue_first(False)
+
+# -- name: JOB_ENQUEUE_FIRST_BY_TIME
+# JOB_ENQUEUE_FIRST with FAIRNESS = "time" (the charge of JOB_ENQUEUE_BY_TIME).
+# Locks, Indexes: as JOB_ENQUEUE_FIRST, and pgqueue_task_stat_uniq.
+# Called by: store.enqueue when fairness.by_time(), after JOB_ENQUEUE_BY_TIME returned no row.
+JOB_ENQUEUE_FIRST_BY_TIME = _job_enqueue_first(True)
+
+
+def _job_enqueue_scheduled(first: bool) -> str:
+    """JOB_ENQUEUE_SCHEDULED (a queue of the tenant's) or JOB_ENQUEUE_SCHEDULED_FIRST."""
+    if first:
+        ctes, allowed = f",\n{_admit()}", "(SELECT admitted FROM admit)"
+        last = f"""SELECT {_enqueued("inserted")}, TRUE, NULL::text AS state FROM inserted
+ UNION ALL{_outcome(None)}
+ ORDER BY id"""
+    else:
+        ctes = """,
+known AS (
+    SELECT EXISTS (SELECT 1 FROM pgqueue_fair_clock o
+                    WHERE o.queue = %(queue)s AND o.tenant = %(tenant)s) AS yes
+)"""
+        allowed = "(SELECT yes FROM known)"
+        last = f"""SELECT {_enqueued("inserted")}, TRUE,
+       CASE WHEN NOT k.yes THEN 'first' END AS state
+  FROM known k LEFT JOIN inserted ON TRUE
+ WHERE inserted.id IS NOT NULL OR NOT k.yes
+ ORDER BY inserted.id"""
+    return f"""
+WITH tenant_row AS ({_TENANT_ENSURE}){ctes},
 clock AS (
     INSERT INTO pgqueue_fair_clock (queue, tenant, priority, vtime)
-    VALUES (%(queue)s, %(tenant)s, %(priority)s, 0.0)
+    SELECT %(queue)s, %(tenant)s, %(priority)s, 0.0 WHERE {allowed}
     ON CONFLICT (queue, tenant, priority) DO NOTHING
 ),
 inserted AS (
@@ -218,11 +403,56 @@ inserted AS (
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'scheduled', %(priority)s, NULL,
            0, %(max_attempts)s, %(run_at)s, %(idempotency_key)s, %(timeout)s::float8
       FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
+     WHERE {allowed}
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, run_at, created_at, vtime
 )
-SELECT {_enqueued("inserted")}, TRUE FROM inserted ORDER BY id
+{last}
+"""
+
+
+# -- name: JOB_ENQUEUE_SCHEDULED
+# Enqueue 1..1,000 jobs that become runnable later (run_at in the future), returning
+# each new job's columns (_enqueued; vtime is NULL), into a queue where the tenant has a
+# fair clock. They wait in 'scheduled', outside the claim index, and get their vtime when
+# JOB_PROMOTE_DUE makes them runnable. No wake-up: nothing is runnable yet. No row: the
+# key was taken. One row saying 'first': the queue is new to the tenant, nothing was
+# written (but the tenant row), and store.enqueue runs JOB_ENQUEUE_SCHEDULED_FIRST.
+# A clock this creates or finds may be deleted by FAIR_CLOCK_DELETE_IDLE before the jobs
+# commit: harmless, they have no vtime yet and FAIR_CLOCK_ENSURE_DUE creates it again (at
+# the level's scale then) before their promotion.
+# Locks: none held on existing rows. The tenant's clock row is created here (DO NOTHING:
+#   no lock on an existing row) so that promotion only ever locks rows that exist.
+# Indexes: pgqueue_job_scheduled gains the rows; pgqueue_job_idempotency;
+#   pgqueue_fair_clock_uniq.
+# Called by: store.enqueue (with a run_at), from services.enqueue / enqueue_many.
+JOB_ENQUEUE_SCHEDULED = _job_enqueue_scheduled(False)
+
+# -- name: JOB_ENQUEUE_SCHEDULED_FIRST
+# JOB_ENQUEUE_SCHEDULED into a queue new to the tenant, admitted as by JOB_ENQUEUE_FIRST
+# (_admit); refused, nothing is written (but the tenant row) and one row says 'refused'.
+# Other states as _outcome's ('taken', 'known': back to JOB_ENQUEUE_SCHEDULED).
+# Locks: as JOB_ENQUEUE_SCHEDULED.
+# Indexes: as JOB_ENQUEUE_SCHEDULED, and pgqueue_fair_clock_tenant (the count).
+# Called by: store.enqueue, after JOB_ENQUEUE_SCHEDULED said 'first'.
+JOB_ENQUEUE_SCHEDULED_FIRST = _job_enqueue_scheduled(True)
+
+# -- name: TENANT_QUEUE_ADMITTED
+# Whether a job of tenant %(tenant)s may become live in queue %(queue)s under
+# MAX_QUEUES_PER_TENANT (MAX_QUEUES; NULL: no bound), by _admit's rule: the tenant has a
+# clock in the queue, or clocks in fewer queues than the bound. For a retry, which is an
+# enqueue of the job again but creates its clock only when it is promoted
+# (FAIR_CLOCK_ENSURE_*, which refuses nothing: a job admitted is promoted).
+# Locks: nothing.
+# Indexes: pgqueue_fair_clock_uniq (queue, tenant), pgqueue_fair_clock_tenant (the count,
+#   a queue new to the tenant only).
+# Called by: store.queue_admitted, from services.check_queue_bound (the HTTP API's retry).
+TENANT_QUEUE_ADMITTED = f"""
+SELECT CASE WHEN {MAX_QUEUES} IS NULL
+              OR EXISTS (SELECT 1 FROM pgqueue_fair_clock o
+                          WHERE o.queue = %(queue)s AND o.tenant = %(tenant)s) THEN TRUE
+            ELSE {_FEWER_QUEUES} END
 """
 
 # -- name: JOB_GET_ID_BY_IDEMPOTENCY_KEY
@@ -1391,7 +1621,7 @@ clock AS MATERIALIZED (
     SELECT c.id, c.queue, c.tenant, c.priority FROM pgqueue_fair_clock c
      WHERE (c.queue, c.tenant, c.priority) IN (SELECT queue, tenant, priority FROM due_levels)
      ORDER BY c.queue, c.tenant, c.priority
-       FOR UPDATE OF c SKIP LOCKED
+       FOR NO KEY UPDATE OF c SKIP LOCKED
 ),
 candidate AS MATERIALIZED (
     SELECT j.id, j.run_at FROM clock k
@@ -1461,8 +1691,11 @@ _DUE_NAMED = "j.status = 'scheduled' AND j.id = ANY(%(ids)s::bigint[])"
 # Locks: the fair-clock rows of up to %(limit)s levels with due jobs, in sorted (queue,
 #   tenant, priority) order with SKIP LOCKED, then the due jobs (SKIP LOCKED). Neither
 #   waits, so two promoters never deadlock, with each other or with an enqueue. Held
-#   until maintenance's transaction ends. A level whose clock row is missing is not
-#   promoted: FAIR_CLOCK_ENSURE_DUE, run just before, creates it.
+#   until maintenance's transaction ends. The clocks are locked FOR NO KEY UPDATE, as an
+#   enqueue's UPDATE locks its own: that does not conflict with the KEY SHARE a first
+#   enqueue at a level takes on the level's keeper (JOB_ENQUEUE_FIRST). A level whose
+#   clock row is missing is not promoted: FAIR_CLOCK_ENSURE_DUE, run just before, creates
+#   it (FAIR_CLOCK_DELETE_IDLE may have deleted it).
 # Indexes: pgqueue_job_scheduled_level (the levels' skip scan and each level's due jobs
 #   in run_at order), pgqueue_fair_clock_uniq, pgqueue_job_pkey, and one tuple of
 #   pgqueue_job_claim / pgqueue_fair_clock_level for each level's head.
@@ -1494,14 +1727,30 @@ JOB_PROMOTE_DUE_BY_TIME = _promote(True).format(levels=_DUE_LEVELS, due=_DUE_NOW
 #   run_jobs_now.
 JOB_PROMOTE_MANY_BY_TIME = _promote(True).format(levels=_NAMED_LEVELS, due=_DUE_NAMED)
 
-# Creates the missing clock rows of ``{levels}``; see FAIR_CLOCK_ENSURE_DUE.
+# Creates the missing clock rows of ``{levels}``, holding the keeper (LEVEL_LARGEST) of
+# each of their levels FOR KEY SHARE first; see FAIR_CLOCK_ENSURE_DUE.
 _CLOCK_ENSURE = """
-WITH RECURSIVE {levels}
+WITH RECURSIVE {levels},
+missing AS MATERIALIZED (
+    SELECT l.queue, l.tenant, l.priority FROM due_levels l
+     WHERE NOT EXISTS (SELECT 1 FROM pgqueue_fair_clock c
+                        WHERE (c.queue, c.tenant, c.priority) = (l.queue, l.tenant, l.priority))
+),
+held AS MATERIALIZED (
+    SELECT k.id FROM pgqueue_fair_clock k
+     WHERE k.id = ANY(ARRAY(
+           SELECT x.id FROM (SELECT DISTINCT queue, priority FROM missing) m
+            CROSS JOIN LATERAL (
+                  SELECT c.id FROM pgqueue_fair_clock c
+                   WHERE c.queue = m.queue AND c.priority = m.priority
+                   ORDER BY c.vtime DESC, c.id LIMIT 1) x))  -- the keeper (LEVEL_LARGEST)
+     ORDER BY k.id
+       FOR KEY SHARE OF k
+)
 INSERT INTO pgqueue_fair_clock (queue, tenant, priority, vtime)
-SELECT l.queue, l.tenant, l.priority, 0.0 FROM due_levels l
- WHERE NOT EXISTS (SELECT 1 FROM pgqueue_fair_clock c
-                    WHERE (c.queue, c.tenant, c.priority) = (l.queue, l.tenant, l.priority))
- ORDER BY l.queue, l.tenant, l.priority
+SELECT m.queue, m.tenant, m.priority, 0.0 FROM missing m
+ WHERE (SELECT count(*) FROM held) >= 0  -- the levels' keepers held first
+ ORDER BY m.queue, m.tenant, m.priority
 ON CONFLICT (queue, tenant, priority) DO NOTHING
 """
 
@@ -1511,11 +1760,19 @@ ON CONFLICT (queue, tenant, priority) DO NOTHING
 # promotes only the jobs of clocks it can lock, does not leave those jobs scheduled for
 # ever. A separate statement because a row inserted by one part of a statement is not
 # visible to the others: the promotion that follows must see it to lock it. The new
-# clock's vtime is 0: the promotion raises it to its level's head.
-# Locks: the new clock rows, until maintenance's transaction ends. DO NOTHING takes no lock
-#   on an existing row; it waits only for an uncommitted insert of the same clock (an
-#   enqueue creating it), until that transaction ends.
-# Indexes: pgqueue_job_scheduled_level (as JOB_PROMOTE_DUE), pgqueue_fair_clock_uniq.
+# clock's vtime is 0: the promotion raises it to its level's head. The level's keeper (its
+# largest clock) is held FOR KEY SHARE first, as JOB_ENQUEUE_FIRST does: the promotion's
+# head is then read from a level FAIR_CLOCK_DELETE_IDLE cannot start again from 0
+# meanwhile (it would need the keeper FOR UPDATE), or, when the prune holds it, from a
+# snapshot taken once the prune has committed (this waits for it, and the promotion is
+# the next statement).
+# Locks: the new clock rows, and the keeper of each of their levels FOR KEY SHARE (in id
+#   order), until maintenance's transaction ends. DO NOTHING takes no lock on an
+#   existing row; it waits only for an uncommitted insert of the same clock (an enqueue
+#   creating it), until that transaction ends. KEY SHARE waits only for a prune holding
+#   the clock FOR UPDATE (never for an enqueue, a promotion or a correction).
+# Indexes: pgqueue_job_scheduled_level (as JOB_PROMOTE_DUE), pgqueue_fair_clock_uniq,
+#   pgqueue_fair_clock_level (each level's keeper).
 # Called by: store.promote_due, just before JOB_PROMOTE_DUE in maintenance's transaction.
 FAIR_CLOCK_ENSURE_DUE = _CLOCK_ENSURE.format(levels=_DUE_LEVELS)
 
@@ -1901,11 +2158,12 @@ RETURNING (SELECT count(*) FROM fresh)
 # (pgqueue_stat_mark row 2); jobs without a charge (made runnable by jobs) are passed over.
 # A credit moves a clock back at most to its level's head (and never a clock already
 # below it): an idle tenant banks nothing, as at a charge.
-# Locks: the mark row (FOR UPDATE) and the clock rows of the attempts read, in sorted
-#   order with SKIP LOCKED, until maintenance's transaction ends. A clock held by an open
-#   enqueue is not waited for: the mark stops before the first attempt of a held clock,
-#   and that attempt and those after it are read again by the next run, so none is counted
-#   twice or lost (a held clock delays corrections only, never a job).
+# Locks: the mark row (FOR UPDATE) and the clock rows of the attempts read (FOR NO KEY
+#   UPDATE, as JOB_PROMOTE_DUE's), in sorted order with SKIP LOCKED, until maintenance's
+#   transaction ends. A clock held by an open enqueue is not waited for: the mark stops
+#   before the first attempt of a held clock, and that attempt and those after it are read
+#   again by the next run, so none is counted twice or lost (a held clock delays
+#   corrections only, never a job).
 # Indexes: pgqueue_job_attempt_pkey (id > mark), pgqueue_job_pkey (each attempt's job),
 #   pgqueue_fair_clock_uniq, one tuple of pgqueue_job_claim / pgqueue_fair_clock_level for
 #   each level's head, pgqueue_stat_mark_pkey.
@@ -1933,7 +2191,7 @@ clock AS MATERIALIZED (
      WHERE (c.queue, c.tenant, c.priority) IN
            (SELECT queue, tenant, priority FROM fresh WHERE error IS NOT NULL)
      ORDER BY c.queue, c.tenant, c.priority
-       FOR UPDATE OF c SKIP LOCKED
+       FOR NO KEY UPDATE OF c SKIP LOCKED
 ),
 held AS (
     SELECT min(f.id) AS id FROM fresh f
@@ -1962,6 +2220,296 @@ SELECT 2, max(id) FROM applied HAVING count(*) > 0
 ON CONFLICT (id) DO UPDATE SET last_attempt_id = EXCLUDED.last_attempt_id
 RETURNING last_attempt_id
 """
+
+# -- Idle fair clocks ------------------------------------------------------------------------
+# A tenant's clock at a level (queue, priority) is a row of pgqueue_fair_clock for as long as
+# nothing deletes it, whatever the tenant does later: without a prune, a tenant that names a
+# queue per request leaves a row per name for ever. The prune deletes the rows whose absence
+# changes no vtime that will ever be assigned. What reads a clock (pgqueue.fairness): a
+# tenant's next start at a level is max(own clock, head), the head being the level's lowest
+# queued ungated vtime, else the lowest gated one of the limited tenants, else the level's
+# largest clock, else 0; FAIR_CLOCK_CORRECT (FAIRNESS = "time") moves a tenant's clock by its
+# settled attempts' errors; FAIR_CLOCK_REFUND and JOB_PROMOTE_* lock and move clocks that
+# exist (FAIR_CLOCK_ENSURE_* and JOB_ENQUEUE_SCHEDULED create them first, at 0: a promotion
+# raises a clock to the head anyway). A tenant is *live* at a level while it has a job there
+# that is queued (gated or not), scheduled or running, or, by time, an attempt there that
+# FAIR_CLOCK_CORRECT has not passed yet (past pgqueue_stat_mark row 2). Two rules:
+# (a) A level with nothing live (no tenant live there) loses every clock: every tenant then
+#     starts at 0 + its charge, where it would have started at the largest clock + its charge
+#     (the head, which no tenant's clock exceeds). Only differences of vtimes order jobs, and
+#     the level holds no job with a vtime to compare them with: the same order.
+# (b) In any level, a clock of a tenant not live there whose vtime is at or below the
+#     level's *floor* goes, but for the level's *keeper* (its largest clock, the oldest of
+#     equals: LEVEL_LARGEST). The floor is the least of the vtimes of the level's queued
+#     (ungated or gated) and running jobs and of its largest clock. Every head from now on
+#     is at least the floor: it is one of those vtimes (a running job given back is queued
+#     again with its vtime), or a vtime assigned later (above the head of then), or the
+#     largest clock (the keeper stays; a clock never moves below the head of its time, a
+#     refund only gives back what its own transaction charged). So the tenant's next start,
+#     max(clock, head), is the head with or without its clock. With nothing queued the
+#     largest clock is the head, kept by the keeper (so clocks tied with it may go). A
+#     tenant not live has nothing for FAIR_CLOCK_CORRECT to move, and its scheduled jobs,
+#     if any appeared, would take their vtime from the head at promotion.
+# What is checked, and how: a tenant's scheduled and gated jobs at the level, one probe each
+# (pgqueue_job_scheduled_level, pgqueue_job_gated); its running jobs, read with every
+# running job (pgqueue_job_lease: a few per worker thread); its attempts the correction has
+# not passed (by time: those past the mark, at most PENDING_CORRECTIONS_READ of them, else
+# nothing is deleted). Its queued ungated jobs have no index by tenant, so rule (b) needs
+# either a level with none queued, or fair ordering by jobs (%(by_vtime)s) and a clock
+# strictly below the floor: a tenant's clock is then at least the vtime of each of its
+# queued and running jobs (each was assigned at most the clock it left), so such a clock
+# has none. With FIFO (vtimes are timestamps) or by time (a credit may take a clock below
+# its own backlog) rule (b) waits for a level with nothing queued. Rule (a) needs every row
+# of the level locked at once (so at most %(limit)s of them); a larger level first loses
+# its rows by rule (b), a limit's worth a pass, down to its keeper.
+# Concurrency. FAIR_CLOCK_LOCK_IDLE chooses in its snapshot and locks the chosen rows FOR
+# UPDATE SKIP LOCKED; FAIR_CLOCK_DELETE_IDLE, the next statement of the same transaction,
+# decides again with a new snapshot (READ COMMITTED), which shows every job committed
+# before the locks were granted, and deletes. A row an enqueue of its tenant has charged is
+# held by it (its UPDATE or upsert) until that enqueue commits or rolls back, so it is
+# skipped: never deleted under an uncommitted job; a job committed before the lock is seen
+# by the second snapshot. An enqueue that reaches a row once it is locked waits, finds it
+# deleted, and store.enqueue goes on with JOB_ENQUEUE_FIRST, which takes the head afresh.
+# Rule (a) deletes a level only when every row its second snapshot shows is among the rows
+# locked, so a level where an enqueue or a promotion holds a clock is left whole; a first
+# enqueue at a level (JOB_ENQUEUE_FIRST) and FAIR_CLOCK_ENSURE_* hold the level's keeper FOR
+# KEY SHARE before writing a vtime of the level's scale (which rule (a) would start again
+# from 0), so the keeper is skipped here, or they wait and see it deleted (and run again).
+# What is left: an enqueue whose statement read an older head (its snapshot predates
+# claims that moved the head on) and commits after the prune puts jobs below the floor this
+# prune saw; a tenant pruned then starts at that older head on its next job, as the
+# enqueue's own jobs did, rather than at its clock. A mode changed meanwhile (ORDERING,
+# FAIRNESS) is outside all this: it applies to jobs that become runnable afterwards.
+
+
+#: The order in which a level's clocks give its *keeper* first: the largest, the oldest
+#: (lowest id) of equals. The prune deletes a level's keeper only with the whole level
+#: (rule a), and a first enqueue at a level (JOB_ENQUEUE_FIRST, FAIR_CLOCK_ENSURE_*) holds
+#: that one FOR KEY SHARE. ``{c}``: the clock rows' alias.
+LEVEL_LARGEST = "{c}.vtime DESC, {c}.id"
+
+#: With FAIRNESS = "time", the most attempts past FAIR_CLOCK_CORRECT's mark the prune reads
+#: to know which tenants a correction will still move (about ten passes of the correction);
+#: with more pending it deletes nothing until the correction has caught up.
+PENDING_CORRECTIONS_READ = 100_000
+
+
+def _idle_facts(levels: str, by_time: bool) -> str:
+    """The prune's CTEs for the levels of ``levels`` (a CTE of (queue, priority)):
+    - ``running``: every running job's (queue, tenant, priority) and least vtime;
+    - ``pending`` and ``unknown`` (by time only; empty and FALSE by jobs): the (queue,
+      tenant, priority) of the charged jobs with an attempt past FAIR_CLOCK_CORRECT's mark,
+      and whether more were pending than PENDING_CORRECTIONS_READ (then none is deleted);
+    - ``facts``: per level, its lowest queued ungated vtime (``qmin``), its ``floor`` (rule
+      b) and whether it is ``quiet``: nothing queued, running or pending there (rule a,
+      with no scheduled or gated job of a tenant with a clock there, checked by row).
+    """
+    if by_time:
+        pending = f"""
+recent AS MATERIALIZED (
+    SELECT a.job_id FROM pgqueue_job_attempt a
+     WHERE a.id > COALESCE((SELECT last_attempt_id FROM pgqueue_stat_mark WHERE id = 2), 0)
+     ORDER BY a.id
+     LIMIT {PENDING_CORRECTIONS_READ + 1}
+),
+pending AS MATERIALIZED (
+    SELECT DISTINCT j.queue, j.tenant, j.priority
+      FROM recent a JOIN pgqueue_job j ON j.id = a.job_id
+     WHERE j.charge IS NOT NULL
+),
+unknown AS MATERIALIZED (SELECT count(*) > {PENDING_CORRECTIONS_READ} AS yes FROM recent),"""
+    else:
+        pending = """
+pending AS MATERIALIZED (
+    SELECT NULL::varchar AS queue, NULL::varchar AS tenant, NULL::smallint AS priority
+     WHERE FALSE
+),
+unknown AS MATERIALIZED (SELECT FALSE AS yes),"""
+    return f"""
+running AS MATERIALIZED (
+    SELECT queue, tenant, priority, min(vtime) AS vtime FROM pgqueue_job
+     WHERE status = 'running'
+     GROUP BY queue, tenant, priority
+),{pending}
+facts AS MATERIALIZED (
+    SELECT l.queue, l.priority, x.qmin, k.id AS keeper,
+           LEAST(x.qmin, x.gmin, r.vtime, k.vtime) AS floor,
+           x.qmin IS NULL AND x.gmin IS NULL AND r.queue IS NULL
+           AND NOT EXISTS (SELECT 1 FROM pending p
+                            WHERE p.queue = l.queue AND p.priority = l.priority)
+           AND NOT (SELECT yes FROM unknown) AS quiet
+      FROM {levels} l
+      LEFT JOIN (SELECT queue, priority, min(vtime) AS vtime FROM running
+                  GROUP BY queue, priority) r
+        ON r.queue = l.queue AND r.priority = l.priority
+     CROSS JOIN LATERAL (
+           SELECT {queued_head("l.queue", "l.priority")} AS qmin,
+                  {gated_head("l.queue", "l.priority")} AS gmin) x
+     CROSS JOIN LATERAL (
+           SELECT m.id, m.vtime FROM pgqueue_fair_clock m
+            WHERE m.queue = l.queue AND m.priority = l.priority
+            ORDER BY {LEVEL_LARGEST.format(c="m")} LIMIT 1) k
+),"""
+
+
+def _not_live(c: str) -> str:
+    """SQL: the tenant of clock row ``c`` is not live at its level, but for queued ungated
+    jobs (see above): no scheduled or gated job there (one probe each), none running, no
+    correction pending."""
+    return f"""NOT EXISTS (SELECT 1 FROM pgqueue_job s
+                    WHERE s.queue = {c}.queue AND s.tenant = {c}.tenant
+                      AND s.priority = {c}.priority AND s.status = 'scheduled')
+           AND NOT EXISTS (SELECT 1 FROM pgqueue_job g
+                    WHERE g.queue = {c}.queue AND g.tenant = {c}.tenant
+                      AND g.priority = {c}.priority AND g.status = 'queued' AND g.gated)
+           AND NOT EXISTS (SELECT 1 FROM running r
+                    WHERE (r.queue, r.tenant, r.priority) = ({c}.queue, {c}.tenant, {c}.priority))
+           AND NOT EXISTS (SELECT 1 FROM pending p
+                    WHERE (p.queue, p.tenant, p.priority) = ({c}.queue, {c}.tenant, {c}.priority))
+           AND NOT (SELECT yes FROM unknown)"""
+
+
+def _below_floor(c: str) -> str:
+    """SQL: rule (b) for clock row ``c`` of level ``f`` (a row of ``facts``): at or below
+    the floor with nothing queued ungated at the level, below it by vtimes; never the
+    level's keeper (its largest clock); its tenant not live."""
+    return f"""CASE WHEN f.qmin IS NULL THEN {c}.vtime <= f.floor
+                ELSE %(by_vtime)s AND {c}.vtime < f.floor END
+           AND {c}.id <> f.keeper AND {_not_live(c)}"""
+
+
+def _clock_lock_idle(by_time: bool) -> str:
+    return f"""
+WITH RECURSIVE walk(queue, priority) AS (
+    (SELECT queue, priority FROM pgqueue_fair_clock
+      WHERE (queue, priority) > (%(after_queue)s, (%(after_priority)s)::smallint)
+      ORDER BY queue, priority LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.priority FROM walk w
+     CROSS JOIN LATERAL (
+           SELECT c.queue, c.priority FROM pgqueue_fair_clock c
+            WHERE (c.queue, c.priority) > (w.queue, w.priority)
+            ORDER BY c.queue, c.priority LIMIT 1) n
+),
+levels AS MATERIALIZED (SELECT queue, priority FROM walk LIMIT %(levels)s),
+{_idle_facts("levels", by_time)}
+idle_levels AS MATERIALIZED (
+    SELECT f.queue, f.priority FROM facts f
+     WHERE f.quiet
+       AND NOT EXISTS (SELECT 1 FROM pgqueue_fair_clock o
+                        WHERE o.queue = f.queue AND o.priority = f.priority
+                          AND NOT ({_not_live("o")}))
+),
+chosen AS MATERIALIZED (
+    SELECT id, queue, priority FROM (
+        SELECT c.id, c.queue, c.priority, c.vtime FROM idle_levels i
+          JOIN pgqueue_fair_clock c ON c.queue = i.queue AND c.priority = i.priority
+        UNION
+        SELECT c.id, c.queue, c.priority, c.vtime FROM facts f
+          JOIN pgqueue_fair_clock c  -- a range of the level's index: the rows below the floor
+            ON c.queue = f.queue AND c.priority = f.priority AND c.vtime <= f.floor
+         WHERE {_below_floor("c")}) x
+     ORDER BY queue, priority, vtime, id
+     LIMIT %(limit)s
+),
+locked AS MATERIALIZED (
+    SELECT c.id FROM pgqueue_fair_clock c
+     WHERE c.id = ANY(ARRAY(SELECT id FROM chosen))
+     ORDER BY c.id
+       FOR UPDATE SKIP LOCKED
+),
+cut AS MATERIALIZED (  -- the rows chosen filled the limit: the last level may have more
+    SELECT queue, priority FROM chosen
+     WHERE (SELECT count(*) FROM chosen) >= %(limit)s
+     ORDER BY queue DESC, priority DESC LIMIT 1
+),
+last AS (  -- the next prune goes on after this level: before the one the limit cut short
+    SELECT queue, priority FROM levels
+     WHERE NOT EXISTS (SELECT 1 FROM cut)
+        OR (queue, priority) < (SELECT c.queue, c.priority FROM cut c)
+     ORDER BY queue DESC, priority DESC LIMIT 1
+)
+SELECT ARRAY(SELECT id FROM locked), (SELECT count(*) FROM levels), EXISTS (SELECT 1 FROM cut),
+       (SELECT queue FROM last), (SELECT priority FROM last)
+"""
+
+
+# -- name: FAIR_CLOCK_LOCK_IDLE
+# The prune's first statement (see "Idle fair clocks" above): walk up to %(levels)s levels
+# after (%(after_queue)s, %(after_priority)s), in (queue, priority) order, and lock up to
+# %(limit)s of their clock rows that rule (a) or (b) would delete in this snapshot: every
+# row of a quiet level whose tenants are all not live, and the rows at or below the floor
+# of tenants not live (but the keeper), in (level, vtime) order. Returns the ids locked,
+# the number of levels walked, whether the chosen rows filled %(limit)s, and where the
+# next prune goes on after: the last level walked, or when the limit cut a level short,
+# the one before it (none: where this one started); fewer than %(levels)s walked and the
+# limit not reached: from the first again.
+# Locks: the chosen rows, FOR UPDATE SKIP LOCKED (a row an enqueue, a promotion or a
+#   correction holds is left for a later pass; never waits), until the prune's
+#   transaction ends (FAIR_CLOCK_DELETE_IDLE is the only other statement in it).
+# Indexes: pgqueue_fair_clock_level (the walk, one descent per level; each level's largest
+#   clock and its rows), pgqueue_job_claim and pgqueue_job_gated (each level's lowest
+#   queued vtimes, as the head's), pgqueue_job_lease (the running jobs),
+#   pgqueue_job_scheduled_level and pgqueue_job_gated (a probe per row considered),
+#   pgqueue_fair_clock_pkey; by time, pgqueue_job_attempt_pkey and pgqueue_job_pkey (the
+#   attempts past the correction's mark).
+# Called by: fair_store.prune_fair_clocks, from maintenance.prune_idle_clocks, in a
+#   transaction of its own after a maintenance pass (so not under MAINTENANCE_TRY_LOCK:
+#   two prunes lock disjoint rows, and each deletes a level whole only when it holds all
+#   of it).
+FAIR_CLOCK_LOCK_IDLE = _clock_lock_idle(False)
+
+# -- name: FAIR_CLOCK_LOCK_IDLE_BY_TIME
+# FAIR_CLOCK_LOCK_IDLE with FAIRNESS = "time": a tenant with an attempt FAIR_CLOCK_CORRECT
+# has not passed yet is live where that attempt's job is.
+# Locks, Indexes, Called by: as FAIR_CLOCK_LOCK_IDLE.
+FAIR_CLOCK_LOCK_IDLE_BY_TIME = _clock_lock_idle(True)
+
+
+def _clock_delete_idle(by_time: bool) -> str:
+    return f"""
+WITH mine AS MATERIALIZED (
+    SELECT c.id, c.queue, c.tenant, c.priority, c.vtime FROM pgqueue_fair_clock c
+     WHERE c.id = ANY(%(ids)s::bigint[])
+),
+levels AS MATERIALIZED (SELECT queue, priority, count(*) AS n FROM mine GROUP BY queue, priority),
+{_idle_facts("levels", by_time)}
+whole AS MATERIALIZED (  -- rule (a): quiet, every row locked here, no tenant live
+    SELECT f.queue, f.priority FROM facts f JOIN levels l USING (queue, priority)
+     WHERE f.quiet
+       AND (SELECT count(*) FROM (SELECT 1 FROM pgqueue_fair_clock o
+                                   WHERE o.queue = f.queue AND o.priority = f.priority
+                                   LIMIT l.n + 1) a) = l.n
+       AND NOT EXISTS (SELECT 1 FROM mine m
+                        WHERE m.queue = f.queue AND m.priority = f.priority
+                          AND NOT ({_not_live("m")}))
+),
+doomed AS MATERIALIZED (
+    SELECT m.id FROM mine m JOIN facts f ON f.queue = m.queue AND f.priority = m.priority
+     WHERE (m.queue, m.priority) IN (SELECT queue, priority FROM whole)
+        OR {_below_floor("m")}
+)
+DELETE FROM pgqueue_fair_clock c USING doomed d WHERE c.id = d.id
+RETURNING c.queue, c.tenant, c.priority, c.vtime
+"""
+
+
+# -- name: FAIR_CLOCK_DELETE_IDLE
+# The prune's second statement (see "Idle fair clocks" above): of the rows %(ids)s that
+# FAIR_CLOCK_LOCK_IDLE locked, delete those rule (a) or (b) deletes in this statement's own
+# snapshot, taken after the locks: a job of their tenant committed meanwhile keeps a row;
+# rule (a) needs every row of the level among %(ids)s. Returns the rows deleted.
+# Locks: the rows (already held).
+# Indexes: pgqueue_fair_clock_pkey, then as FAIR_CLOCK_LOCK_IDLE for the levels of the rows.
+# Called by: fair_store.prune_fair_clocks, right after FAIR_CLOCK_LOCK_IDLE when it locked
+#   any row.
+FAIR_CLOCK_DELETE_IDLE = _clock_delete_idle(False)
+
+# -- name: FAIR_CLOCK_DELETE_IDLE_BY_TIME
+# FAIR_CLOCK_DELETE_IDLE with FAIRNESS = "time" (see FAIR_CLOCK_LOCK_IDLE_BY_TIME).
+# Locks, Indexes, Called by: as FAIR_CLOCK_DELETE_IDLE.
+FAIR_CLOCK_DELETE_IDLE_BY_TIME = _clock_delete_idle(True)
+
 
 # -- periodic schedules (pgqueue_periodic; see pgqueue/schedules.py) -------------------------
 

@@ -18,6 +18,7 @@ from .claim_store import ClaimedJob, Success, claim, complete_and_claim  # noqa:
 from .claim_store import complete_params as _complete_params
 from .claim_store import lease as _lease
 from .conf import pgqueue_settings
+from .exceptions import TooManyQueues
 from .fairness import fifo_param, statement
 
 
@@ -48,6 +49,13 @@ class NewJob(NamedTuple):
     vtime: float | None
 
 
+#: Most rounds of store.enqueue's statements. A round after the first happens only when a
+#: statement met a concurrent change of the tenant's clocks: another first enqueue of the
+#: tenant at the level ('known'), or a prune of idle clocks ('raced'); each round has a
+#: snapshot that shows the change before it.
+ENQUEUE_ROUNDS = 5
+
+
 def enqueue(
     cursor: Any,
     *,
@@ -61,6 +69,7 @@ def enqueue(
     idempotency_key: str | None = None,
     run_at: dt.datetime | None = None,
     timeout: float | None = None,
+    max_queues: int | None = None,
 ) -> tuple[list[NewJob], bool]:
     """Insert ``count`` jobs whose payloads are the JSON array ``payloads_json``.
 
@@ -68,6 +77,11 @@ def enqueue(
     (JOB_ENQUEUE_SCHEDULED). Returns the new jobs in payload order; none when the
     idempotency key was taken. ``charged`` tells whether the tenant's clock was moved for
     jobs that were not inserted (a racing duplicate key): the caller must refund it.
+
+    One round trip when the tenant has a fair clock at the level (runnable) or in the
+    queue (scheduled); otherwise a second one, JOB_ENQUEUE_FIRST (or _SCHEDULED_FIRST),
+    which raises TooManyQueues, having written nothing, when the queue is new to the
+    tenant and the tenant has clocks in ``max_queues`` queues already (None: no bound).
     """
     params = {
         "task": task,
@@ -80,16 +94,43 @@ def enqueue(
         "idempotency_key": idempotency_key,
         "run_at": run_at,
         "timeout": timeout,
+        "max_queues": max_queues,
         "fifo": fifo_param(),
         "channel": pgqueue_settings.NOTIFY_CHANNEL,
     }
     if run_at is None:
-        cursor.execute(statement(sql.JOB_ENQUEUE, sql.JOB_ENQUEUE_BY_TIME, params), params)
+        known = statement(sql.JOB_ENQUEUE, sql.JOB_ENQUEUE_BY_TIME, params)
+        first = statement(sql.JOB_ENQUEUE_FIRST, sql.JOB_ENQUEUE_FIRST_BY_TIME, params)
     else:
-        cursor.execute(sql.JOB_ENQUEUE_SCHEDULED, params)
-    rows = cursor.fetchall()
+        known, first = sql.JOB_ENQUEUE_SCHEDULED, sql.JOB_ENQUEUE_SCHEDULED_FIRST
+    for _ in range(ENQUEUE_ROUNDS):
+        rows, state = _enqueue_rows(cursor, known, params)
+        # No clock of the tenant at the level (JOB_ENQUEUE: no row), or in the queue
+        # (JOB_ENQUEUE_SCHEDULED: 'first'; no row there is a taken key).
+        if state != "first" and (rows or state or run_at is not None):
+            break
+        rows, state = _enqueue_rows(cursor, first, params)
+        if state not in ("known", "raced"):
+            break
+    else:
+        raise RuntimeError(
+            f"enqueue into {queue!r} met {ENQUEUE_ROUNDS} concurrent changes of its clocks"
+        )
+    if state == "refused":
+        assert max_queues is not None
+        raise TooManyQueues(tenant, queue, max_queues)
     jobs = [NewJob(row[0], row[1], row[2], row[3]) for row in rows if row[0] is not None]
     return jobs, len(rows) > len(jobs)
+
+
+def _enqueue_rows(cursor: Any, text: str, params: dict[str, Any]) -> tuple[list[Any], str | None]:
+    """Run an enqueue statement: its rows, or none and the state of its one row that says
+    why nothing was enqueued (taken, first, known, raced, refused; see pgqueue.sql)."""
+    cursor.execute(text, params)
+    rows = cursor.fetchall()
+    if len(rows) == 1 and rows[0][5] is not None:
+        return [], rows[0][5]
+    return rows, None
 
 
 def refund_clock(
@@ -260,6 +301,15 @@ def retry_many(cursor: Any, ids: Sequence[int]) -> list[tuple[int, bool]]:
 
 def run_now_many(cursor: Any, ids: Sequence[int]) -> list[int]:
     return _update_ids(cursor, sql.JOB_MAKE_DUE_MANY, ids)
+
+
+def queue_admitted(cursor: Any, *, tenant: str, queue: str, max_queues: int | None) -> bool:
+    """Whether a job of ``tenant`` may become live in ``queue`` under ``max_queues``
+    (TENANT_QUEUE_ADMITTED)."""
+    cursor.execute(
+        sql.TENANT_QUEUE_ADMITTED, {"tenant": tenant, "queue": queue, "max_queues": max_queues}
+    )
+    return bool(cursor.fetchone()[0])
 
 
 def statuses(cursor: Any, ids: Sequence[int]) -> dict[int, str]:

@@ -218,11 +218,28 @@ class TestQueryBudgets:
     def test_enqueue_is_one_statement(self, django_assert_num_queries):
         pgqueue.enqueue("test.noop", tenant="acme")  # the tenant and clock exist from now on
         with django_assert_num_queries(1):
+            pgqueue.enqueue("test.noop", {"a": 1}, tenant="acme")
+        with django_assert_num_queries(1):
+            pgqueue.enqueue("test.noop", tenant="acme", delay=10)
+        with django_assert_num_queries(1):  # scheduled: a queue of the tenant's is enough
+            pgqueue.enqueue("test.noop", tenant="acme", priority=3, delay=10)
+
+    def test_a_tenants_first_job_at_a_level_is_two_statements(self, django_assert_num_queries):
+        """Without a clock of the tenant there, JOB_ENQUEUE finds none and writes nothing;
+        JOB_ENQUEUE_FIRST counts the tenant's queues (a queue new to it only) and creates
+        the clock. The next job there is one statement again."""
+        pgqueue.enqueue("test.noop", tenant="acme")
+        with django_assert_num_queries(2):
             pgqueue.enqueue("test.noop", {"a": 1}, tenant="acme", priority=3)
+        with django_assert_num_queries(1):
+            pgqueue.enqueue("test.noop", {"a": 1}, tenant="acme", priority=3)
+        with django_assert_num_queries(2):
+            pgqueue.enqueue("test.noop", tenant="newcomer", delay=10)
         with django_assert_num_queries(1):
             pgqueue.enqueue("test.noop", tenant="newcomer", delay=10)
 
     def test_enqueue_with_a_key_adds_only_a_savepoint(self, django_assert_num_queries):
+        pgqueue.enqueue("test.noop", tenant="acme")  # its clock (see the test above)
         with django_assert_num_queries(3):  # SAVEPOINT, JOB_ENQUEUE, RELEASE
             pgqueue.enqueue("test.noop", tenant="acme", idempotency_key="once")
 
@@ -234,6 +251,7 @@ class TestQueryBudgets:
         assert captured.captured_queries[-1]["sql"].startswith("SELECT")
 
     def test_enqueue_many_is_one_statement_per_thousand(self, django_assert_num_queries):
+        pgqueue.enqueue("test.noop", tenant="acme")  # its clock
         with django_assert_num_queries(3):  # SAVEPOINT, JOB_ENQUEUE, RELEASE
             pgqueue.enqueue_many("test.noop", list(range(1000)), tenant="acme")
         with django_assert_num_queries(4):

@@ -338,6 +338,8 @@ class JobRetryView(PgQueueView):
         job = _visible_job(request, int(job_id))
         # A retry runs the job again: it may only be asked for what could be enqueued.
         scope_of(request).check_enqueue(job.task, job.queue, job.priority)
+        if job.status in (Status.DEAD, Status.CANCELLED):  # else a 409 below
+            services.check_queue_bound(job.tenant_id, job.queue)
         return Response(JobSerializer(services.retry(job.id)).data)
 
 

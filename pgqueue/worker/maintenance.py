@@ -15,6 +15,12 @@
   tenant's clock by the error of its run-time charge (see ``pgqueue.fairness``).
 - ``enqueue_due_periodic``: each due periodic schedule enqueues its tick's job (one per
   tick, held so by the job's idempotency key) and moves on to its next tick.
+- ``prune_idle_clocks``: the fair clocks no future vtime depends on are deleted (a level
+  with nothing live loses all of them; a tenant not live there, its clock at or below
+  every vtime the level can still see), walking ``MAINTENANCE_BATCH_SIZE`` levels a pass,
+  so a tenant's queues stop counting against ``MAX_QUEUES_PER_TENANT`` once their jobs
+  are done. In a short transaction of its own after the pass's has committed (its locks
+  are held for two statements, and a failure of it undoes none of the pass).
 - ``prune_finished_jobs``: finished jobs older than ``RETENTION`` leave the table with their
   attempt rows, in batches of ``PRUNE_BATCH_SIZE``, at most ``PRUNE_BATCHES_PER_PASS`` of
   them per pass, each in its own short transaction after the pass's has committed (so the
@@ -82,6 +88,7 @@ def run_maintenance(conn: Any) -> MaintenanceResult:
             correct_fair_clocks(cur)
         enqueue_due_periodic(cur)
         recount_limits(cur)
+    prune_idle_clocks(conn)
     prune_finished_jobs(conn)
     # Logged once committed: a pass that rolled back rescued and promoted nothing.
     for job_id, status in rescued.items():
@@ -177,6 +184,26 @@ def correct_fair_clocks(cur: Any) -> int:
     tenant's later jobs pay for the difference, so that shares follow actual worker time.
     """
     return fair_store.correct_fair_clocks(cur)
+
+
+#: Where this process's next prune of idle clocks goes on (None: from the first level).
+_clocks_after: tuple[str, int] | None = None
+
+
+def prune_idle_clocks(conn: Any) -> int:
+    """Delete the fair clocks whose absence changes no future vtime, over the next
+    MAINTENANCE_BATCH_SIZE levels (queue, priority) of this process's walk; returns how
+    many. On ``conn`` (psycopg, autocommit), in a transaction of its own. Locked with SKIP
+    LOCKED and decided again with a fresh snapshot before the delete
+    (fair_store.prune_fair_clocks), so an open enqueue's clock is never taken, and a
+    promotion or a correction of another worker's pass is never waited for (nor waits)."""
+    global _clocks_after
+    with conn.transaction(), conn.cursor() as cur:
+        pruned = fair_store.prune_fair_clocks(cur, after=_clocks_after)
+    _clocks_after = pruned.after
+    if pruned.deleted:
+        logger.debug("event=fair_clocks_pruned count=%d", len(pruned.deleted))
+    return len(pruned.deleted)
 
 
 def enqueue_due_periodic(cur: Any, now: dt.datetime | None = None) -> list[Fired]:
