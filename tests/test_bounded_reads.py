@@ -343,6 +343,7 @@ def test_no_request_scans_the_job_tables(api, admin_client):
             (admin_client, "/admin/pgqueue/job/?q=unknown-key&o=3"),
             (admin_client, "/admin/pgqueue/job/?tenant=tenant-big&status__exact=dead&p=3"),
             (admin_client, f"/admin/pgqueue/job/?q={low + 10}"),
+            (admin_client, "/admin/pgqueue/job/?_facets=1&status__exact=dead"),
         ]
         scans: dict[str, list[str]] = {}
         for who, url in requests:
