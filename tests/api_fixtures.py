@@ -27,6 +27,7 @@ JOB_FIELDS = {
     "payload",
     "attempts",
     "max_attempts",
+    "lost_claims",
     "run_at",
     "created_at",
     "claimed_at",

@@ -181,6 +181,13 @@ class TestJobChangelist:
         assert text(cells["tries"]) == "1/5"
         assert DURATION.match(text(cells["run_time"])), cells["run_time"]
 
+    def test_tries_say_the_leases_lost_before_a_start(self, admin_client):
+        """Claims given back uncounted (JOB_REAP_EXPIRED) are shown beside the attempts."""
+        job_id = make_job("queued")
+        Job.objects.filter(pk=job_id).update(lost_claims=2)
+        cells = row_cells(admin_client.get(JOBS).content.decode(), job_id)
+        assert text(cells["tries"]) == "0/5 (+2 lost before its start)"
+
     def test_the_status_filter_narrows_the_list(self, admin_client):
         ids = {state: make_job(state) for state in ("queued", "scheduled", "dead", "done")}
         for state, job_id in ids.items():

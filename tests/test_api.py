@@ -65,6 +65,7 @@ class TestEnqueue:
         assert data["payload"] == {"text": "hi", "n": [1, 2]}
         assert (data["tenant"], data["queue"], data["status"]) == ("default", "default", "queued")
         assert (data["priority"], data["attempts"], data["max_attempts"]) == (0, 0, 5)
+        assert data["lost_claims"] == 0
         for empty in ("started_at", "finished_at", "last_error", "result", "idempotency_key"):
             assert data[empty] is None, empty
         assert when(data["run_at"]) <= timezone.now()

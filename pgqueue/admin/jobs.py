@@ -393,7 +393,10 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="attempts")
     def tries(self, obj: Job) -> str:
-        return f"{obj.attempts}/{obj.max_attempts}"
+        tries = f"{obj.attempts}/{obj.max_attempts}"
+        if obj.lost_claims:  # given back uncounted (JOB_REAP_EXPIRED): said, not hidden
+            tries += f" (+{obj.lost_claims} lost before its start)"
+        return tries
 
     @admin.display(description="age", ordering="created_at")
     def age(self, obj: Job) -> str:

@@ -60,6 +60,7 @@ class JobSerializer(serializers.ModelSerializer):
             "payload",
             "attempts",
             "max_attempts",
+            "lost_claims",
             "run_at",
             "created_at",
             "claimed_at",
