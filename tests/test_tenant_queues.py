@@ -67,6 +67,16 @@ def prune() -> list[tuple[str, str, int, float]]:
                 return deleted
 
 
+def lock_idle(cursor: Any) -> list[int]:
+    """FAIR_CLOCK_LOCK_IDLE from the first level on, in the caller's transaction: the ids of
+    the clocks it chose and locked."""
+    cursor.execute(
+        sql.FAIR_CLOCK_LOCK_IDLE,
+        {"after_queue": "", "after_priority": -1000, "levels": 10, "limit": 10, "by_vtime": True},
+    )
+    return cursor.fetchone()[0]
+
+
 def names(order: list[store.ClaimedJob]) -> list[str]:
     return [j.tenant for j in order]
 
@@ -596,17 +606,7 @@ def test_a_prune_decides_on_a_snapshot_taken_after_its_locks() -> None:
     drain(queues=("late",))
     clock_id = FairClock.objects.get(queue="late").id
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            sql.FAIR_CLOCK_LOCK_IDLE,
-            {
-                "after_queue": "",
-                "after_priority": -1000,
-                "levels": 10,
-                "limit": 10,
-                "by_vtime": True,
-            },
-        )
-        ids = cursor.fetchone()[0]
+        ids = lock_idle(cursor)
         assert ids == [clock_id]  # chosen and locked: the level had nothing live
         with connect(autocommit=True) as other:
             other.execute("SET lock_timeout = '5s'")
@@ -659,17 +659,7 @@ def test_an_enqueue_that_waited_for_a_pruned_clock_runs_again() -> None:
     drain(queues=(q,))
     with connect() as other:
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                sql.FAIR_CLOCK_LOCK_IDLE,
-                {
-                    "after_queue": "",
-                    "after_priority": -1000,
-                    "levels": 10,
-                    "limit": 10,
-                    "by_vtime": True,
-                },
-            )
-            ids = cursor.fetchone()[0]
+            ids = lock_idle(cursor)
             assert len(ids) == 1
             thread, out = in_thread(lambda: enqueue_on(other, "a", q, 3))
             wait_until_blocked(other.info.backend_pid)
