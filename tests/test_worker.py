@@ -346,6 +346,20 @@ def test_second_sigterm_exits_at_once_with_status_1(workers: StartWorker, tmp_pa
     assert "event=worker_stopped" not in w.log()
 
 
+def run_first_hold_second(worker: WorkerLoop, first: int, second: int) -> None:
+    """Connect ``worker`` (one thread), claim ``first`` and ``second`` in one claim and
+    dispatch both: the first runs (a gated handler, say), the second waits for the thread."""
+    worker._connect_until_up()
+    assert worker.db is not None
+    with worker.db.cursor() as cur:
+        claimed = store.claim(
+            cur, worker=worker.id, queues=worker.queues, limit=2, lease_seconds=worker.lease
+        )
+    assert [c.id for c in claimed] == [first, second]
+    worker._dispatch(claimed)
+    wait_for(lambda: worker.in_flight[first].started, 5, "the first job to start")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_stop_releases_claimed_but_unstarted_jobs() -> None:
     """On stop, a job claimed but not started is given back at once, keeping its place.
@@ -364,15 +378,7 @@ def test_stop_releases_claimed_but_unstarted_jobs() -> None:
 
     worker = WorkerLoop(queues=["q"], concurrency=1)
     try:
-        worker._connect_until_up()
-        assert worker.db is not None
-        with worker.db.cursor() as cur:
-            claimed = store.claim(
-                cur, worker=worker.id, queues=worker.queues, limit=2, lease_seconds=worker.lease
-            )
-        assert [c.id for c in claimed] == [first.id, second.id]
-        worker._dispatch(claimed)
-        wait_for(lambda: worker.in_flight[first.id].started, 5, "the first job to start")
+        run_first_hold_second(worker, first.id, second.id)
         assert not worker.in_flight[second.id].started
         assert status(second.id) == "running"  # claimed: the database says it is ours
 
@@ -418,15 +424,7 @@ def test_a_job_given_back_while_its_worker_stalled_runs_once_when_that_worker_cl
     second, _ = pgqueue.enqueue("test.echo", {"n": 2}, tenant="acme", queue="q")
     worker = WorkerLoop(queues=["q"], concurrency=1)
     try:
-        worker._connect_until_up()
-        assert worker.db is not None
-        with worker.db.cursor() as cur:
-            claimed = store.claim(
-                cur, worker=worker.id, queues=worker.queues, limit=2, lease_seconds=worker.lease
-            )
-        assert [c.id for c in claimed] == [first.id, second.id]
-        worker._dispatch(claimed)
-        wait_for(lambda: worker.in_flight[first.id].started, 5, "the first job to start")
+        run_first_hold_second(worker, first.id, second.id)
         worker._heartbeat()  # writes the first job's start
         old = worker.in_flight[second.id]
         assert not old.started
