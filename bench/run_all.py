@@ -37,6 +37,7 @@ RUNS = [
     ("soak", "11. Soak with retention"),
     ("heavy_flood", "12. Heavy flood: long jobs in every slot"),
     ("limits", "13. Caps and rate limits"),
+    ("claim_shape", "14. The claim path's shape"),
 ]
 
 

@@ -167,12 +167,29 @@ def _rate(name: str, value: Any) -> str | None:
     )
 
 
+#: Settings pgqueue no longer reads, with why: a warning, not an error, so an upgrade
+#: does not stop a project that still sets one.
+RETIRED = {
+    "LIMITS_CLAIM_SECONDS": "every claim counts what the limits apply to now (one claim "
+    "statement; see docs/architecture.md); remove it.",
+}
+
+
+@register()
+def check_retired_settings(app_configs: Any = None, **kwargs: Any) -> list:
+    """Settings pgqueue no longer reads are named, so that an operator can remove them."""
+    return [
+        Warning(f"PGQUEUE[{name!r}] is no longer used: {RETIRED[name]}", id="pgqueue.W003")
+        for name in sorted(set(pgqueue_settings.user_settings) & set(RETIRED))
+    ]
+
+
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     """Every PGQUEUE setting is known and has a usable value."""
     s = pgqueue_settings
     problems: list[str] = []
-    unknown = sorted(set(s.user_settings) - set(DEFAULTS))
+    unknown = sorted(set(s.user_settings) - set(DEFAULTS) - set(RETIRED))
     if unknown:
         problems.append(
             f"Unknown PGQUEUE setting(s): {', '.join(unknown)}. "
@@ -200,7 +217,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("UNKNOWN_TASK_DELAY_SECONDS", 0, False),
         ("MAX_TIMEOUT_SECONDS", 1, False),
         ("LIMITS_RECOUNT_SECONDS", 0.01, False),
-        ("LIMITS_CLAIM_SECONDS", 0, False),
         ("LIMITS_GATE_BATCH", 1, True),
         ("METRICS_LIMIT_SERIES", 1, True),
     ]:

@@ -1,24 +1,16 @@
-"""Runs the claim statements of ``pgqueue.sql`` (JOB_CLAIM*, JOB_COMPLETE_AND_CLAIM*).
+"""Runs the claim statements of ``pgqueue/queries/claim.sql``: LIMIT_LOCK_TURN and
+JOB_CLAIM, with the outcomes of a turn (JOB_COMPLETE_MANY, JOB_FAIL_MANY) between them.
 
-Two claims: the plain one (JOB_CLAIM, JOB_COMPLETE_AND_CLAIM and their several-queue
-forms), the claim of before limits existed, which costs what it always did; and the
-limited one (JOB_CLAIM_LIMITED, JOB_COMPLETE_AND_CLAIM_LIMITED), which counts the jobs it
-starts in their limit rows under the rows' locks. Each checks once, in its own snapshot,
-whether a limit row applies to the queues, and when it is the wrong one for that it says so
-(a row of NULLs): the plain claim then claims nothing, the limited one claims as usual.
-``claim_once`` runs one and reports the switch; ``claim`` and ``complete_and_claim`` (what
-``pgqueue.store`` offers) start plain and follow a switch at once, so they are always right.
-
-As ``pgqueue.store``, each function takes an open DB-API cursor; transactions are the
-caller's. The worker's loop passes a ``psycopg.RawCursor`` (see _positional).
+A turn is one transaction and one round trip (``turn``: psycopg's pipeline mode): lock
+what it changes, record the outcomes, claim. ``claim`` and ``complete_and_claim`` (what
+``pgqueue.store`` offers) run the same statements on a caller's cursor, in the caller's
+transaction.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -27,6 +19,7 @@ import psycopg
 
 from . import sql
 from .conf import pgqueue_settings
+from .queries import load
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,18 +42,6 @@ class ClaimedJob:
     #: Leases it lost before its start was recorded (each given back uncounted): the
     #: worker has its start written before its handler runs (worker/executor.py).
     lost_claims: int = 0
-
-
-class Claim(NamedTuple):
-    """What one claim statement did."""
-
-    jobs: list[ClaimedJob]  # best first
-    recorded: set[int]  # the successes recorded (fused statements), the others fenced out
-    #: The statement was the wrong one for these queues now: a limit row applies (after a
-    #: plain claim, which then claimed nothing) or none does (after a limited one).
-    switch: bool
-    #: A limited claim started all that some tenant's room allowed (sql._room_bound).
-    room_bound: bool = False
 
 
 def lease(lease_seconds: float | None) -> float:
@@ -93,104 +74,50 @@ def complete_params(results: Sequence[Sequence[Any]]) -> dict[str, Any]:
     }
 
 
-@functools.lru_cache(maxsize=512)
-def _statement(fused: bool, limited: bool, many: bool, limit: int, open_: bool = False) -> str:
-    """The claim statement to run, its LIMITs written as ``limit`` (sql.claim_limit): one
-    statement text per number of jobs asked for, each prepared once by the connection.
-    ``open_``: the open claim (JOB_CLAIM_OPEN), whatever ``limited`` says."""
-    if open_:
-        statement = {
-            (True, True): sql.JOB_COMPLETE_AND_CLAIM_OPEN_MANY_QUEUES,
-            (True, False): sql.JOB_COMPLETE_AND_CLAIM_OPEN,
-            (False, True): sql.JOB_CLAIM_OPEN_MANY_QUEUES,
-            (False, False): sql.JOB_CLAIM_OPEN,
-        }[fused, many]
-    elif limited and many:
-        statement = (
-            sql.JOB_COMPLETE_AND_CLAIM_LIMITED_MANY_QUEUES
-            if fused
-            else sql.JOB_CLAIM_LIMITED_MANY_QUEUES
-        )
-    elif limited:
-        statement = sql.JOB_COMPLETE_AND_CLAIM_LIMITED if fused else sql.JOB_CLAIM_LIMITED
-    elif fused:
-        statement = sql.JOB_COMPLETE_AND_CLAIM_MANY_QUEUES if many else sql.JOB_COMPLETE_AND_CLAIM
-    else:
-        statement = sql.JOB_CLAIM_MANY_QUEUES if many else sql.JOB_CLAIM
-    return sql.claim_limit(statement, limit)
+#: The statements of claim.sql, by name.
+STATEMENTS = load("claim.sql")
 
 
-@functools.lru_cache(maxsize=512)
-def _positional(statement: str) -> tuple[str, tuple[str, ...]]:
-    """``statement`` with ``$1``, ``$2``... for its ``%(name)s`` parameters, and their names in
-    that order: the form a ``psycopg.RawCursor`` runs as it is. psycopg parses a query's
-    placeholders on every execute unless the query is under 4 KiB (its own cache); the
-    limited claims are twice that, and parsing them cost the worker's loop about 0.2 ms
-    per claim."""
-    names: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match.group(1) not in names:
-            names.append(match.group(1))
-        return f"${names.index(match.group(1)) + 1}"
-
-    return re.sub(r"%\((\w+)\)s", number, statement).replace("%%", "%"), tuple(names)
-
-
-def _execute(cursor: Any, statement: str, params: dict[str, Any]) -> list[Any]:
-    """Run ``statement`` with ``params`` on ``cursor`` and return its rows; a
-    ``psycopg.RawCursor`` (the worker's claims) gets the statement's positional form."""
-    if isinstance(cursor, psycopg.RawCursor):
-        text, names = _positional(statement)
-        cursor.execute(text, [params[name] for name in names])
-    else:
-        cursor.execute(statement, params)
-    return cursor.fetchall()
-
-
-def claim_once(
-    cursor: Any,
-    *,
-    worker: str,
-    queues: Sequence[str],
-    limit: int,
-    limited: bool,
-    results: Sequence[Sequence[Any]] = (),
-    lease_seconds: float | None = None,
-    now: dt.datetime | None = None,
-    open_: bool = False,
-) -> Claim:
-    """One claim statement, plain or ``limited`` (or open, ``open_``: JOB_CLAIM_OPEN),
-    recording ``results`` (successes) in it too when there are any: one round trip. The
-    lease runs from ``now`` (default: the transaction's time), which tests inject."""
-    params: dict[str, Any] = {
+def _params(worker: str, queues: Sequence[str], limit: int, lease_seconds, now) -> dict[str, Any]:
+    return {
         "queues": list(queues),
         "limit": limit,
         "worker": worker,
         "lease": lease(lease_seconds),
         "now": now,
+        "ids": [],
     }
-    fused = bool(results)
-    if fused:
-        params.update(complete_params(results))
-    rows = _execute(cursor, _statement(fused, limited, len(queues) > 1, limit, open_), params)
-    jobs: list[ClaimedJob] = []
-    recorded: set[int] = set()
-    switch = room_bound = False
-    for row in rows:
-        if fused:
-            if not row[0]:
-                recorded.add(row[1])
-                continue
-            row = row[1:]
-        if row[0] is None and row[1] == sql.ROOM_BOUND:
-            room_bound = True
-        elif row[0] is None:
-            switch = True
-        else:
-            jobs.append(ClaimedJob(row[0], row[1], json.loads(row[2]), *row[3:13]))
+
+
+def _jobs(rows: Sequence[Sequence[Any]]) -> list[ClaimedJob]:
+    """The claimed jobs of JOB_CLAIM's rows, best first."""
+    jobs = [ClaimedJob(r[0], r[1], json.loads(r[2]), *r[3:13]) for r in rows]
     jobs.sort(key=lambda j: (-j.priority, j.vtime, j.id))
-    return Claim(jobs, recorded, switch, room_bound)
+    return jobs
+
+
+def fail_params(failures: Sequence[Any]) -> dict[str, Any]:
+    """JOB_FAIL_MANY's arrays and backoff for ``failures`` (``store.Failure``)."""
+    return {
+        "ids": [f.id for f in failures],
+        "attempts": [f.attempt for f in failures],
+        "errors": [f.error for f in failures],
+        "tracebacks": [f.traceback for f in failures],
+        "permanent": [f.permanent for f in failures],
+        "started": [f.started for f in failures],
+        "finished": [f.finished for f in failures],
+        "backoff_base": float(pgqueue_settings.BACKOFF_BASE),
+        "backoff_cap": float(pgqueue_settings.BACKOFF_CAP),
+    }
+
+
+def lock_turn(cursor: Any, *, worker: str, ids: Sequence[int], queues: Sequence[str] = ()) -> None:
+    """LIMIT_LOCK_TURN on ``cursor``: before a transaction records outcomes of the jobs
+    ``ids`` in more than one statement, so that it takes its limit rows in id order."""
+    cursor.execute(
+        STATEMENTS["LIMIT_LOCK_TURN"], {"worker": worker, "ids": list(ids), "queues": list(queues)}
+    )
+    cursor.fetchall()
 
 
 def claim(
@@ -202,12 +129,12 @@ def claim(
     lease_seconds: float | None = None,
     now: dt.datetime | None = None,
 ) -> list[ClaimedJob]:
-    """Claim up to ``limit`` runnable jobs, best first: the plain claim, then the limited
-    one if a limit row applies (a second round trip only then)."""
-    args = {"worker": worker, "queues": queues, "limit": limit}
-    args.update(lease_seconds=lease_seconds, now=now)
-    first = claim_once(cursor, limited=False, **args)
-    return claim_once(cursor, limited=True, **args).jobs if first.switch else first.jobs
+    """Claim up to ``limit`` runnable jobs, best first: JOB_CLAIM alone, one statement. It
+    takes the queues' own limit rows SKIP LOCKED, as any other (a turn locks them first,
+    waiting): a queue whose row another transaction holds offers nothing this once."""
+    params = _params(worker, queues, limit, lease_seconds, now)
+    cursor.execute(STATEMENTS["JOB_CLAIM"], params)
+    return _jobs(cursor.fetchall())
 
 
 def complete_and_claim(
@@ -220,14 +147,84 @@ def complete_and_claim(
     lease_seconds: float | None = None,
     now: dt.datetime | None = None,
 ) -> tuple[set[int], list[ClaimedJob]]:
-    """Record successes and claim up to ``limit`` jobs in one statement, both at ``now``;
-    if a limit row applies, the limited claim follows in a statement of its own.
+    """Record successes and claim up to ``limit`` jobs, both at ``now``, as a turn does,
+    on the caller's cursor (and in its transaction).
 
     Returns the ids recorded (the others were fenced out) and the claimed jobs.
     """
-    args = {"worker": worker, "queues": queues, "limit": limit}
-    args.update(lease_seconds=lease_seconds, now=now)
-    first = claim_once(cursor, limited=False, results=results, **args)
-    if not first.switch:
-        return first.recorded, first.jobs
-    return first.recorded, claim_once(cursor, limited=True, **args).jobs
+    params = _params(worker, queues, limit, lease_seconds, now)
+    params.update(complete_params(results))
+    cursor.execute(STATEMENTS["LIMIT_LOCK_TURN"], params)
+    cursor.fetchall()
+    cursor.execute(sql.JOB_COMPLETE_MANY, params)
+    recorded = {row[0] for row in cursor.fetchall()}
+    cursor.execute(STATEMENTS["JOB_CLAIM"], params)
+    return recorded, _jobs(cursor.fetchall())
+
+
+class Turn(NamedTuple):
+    """What a turn did."""
+
+    recorded: set[int]  # the successes and failures recorded; the others were fenced out
+    failed: dict[int, str]  # the failures recorded: {job id: its new status}
+    jobs: list[ClaimedJob]  # the jobs claimed, best first
+    #: Seconds until a rate limit holding back work of the queues has its next token
+    #: (LIMIT_NEXT_TOKEN; None: none): a worker whose claim came up short wakes for it.
+    token_wait: float | None = None
+
+
+def turn(
+    db: psycopg.Connection,
+    *,
+    worker: str,
+    queues: Sequence[str],
+    limit: int,
+    successes: Sequence[Success] = (),
+    failures: Sequence[Any] = (),
+    lease_seconds: float | None = None,
+    now: dt.datetime | None = None,
+) -> Turn:
+    """One turn of a worker, in one transaction and one round trip (pipeline mode):
+    TURN_PLAN, LIMIT_LOCK_TURN, the successes (JOB_COMPLETE_MANY) and failures (JOB_FAIL_MANY), the
+    claim of up to ``limit`` jobs (JOB_CLAIM) and when a rate limit's next token comes
+    (LIMIT_NEXT_TOKEN, next to nothing without rate limits). A statement the database
+    refuses rolls the whole turn back and is raised."""
+    params = _params(worker, queues, limit, lease_seconds, now)
+    params["ids"] = [s.id for s in successes] + [f.id for f in failures]
+    steps: list[tuple[str, dict[str, Any]]] = [
+        (STATEMENTS["TURN_PLAN"], {}),
+        (STATEMENTS["LIMIT_LOCK_TURN"], params),
+    ]
+    if successes:
+        steps.append((sql.JOB_COMPLETE_MANY, {**params, **complete_params(successes)}))
+    if failures:
+        steps.append((sql.JOB_FAIL_MANY, {**params, **fail_params(failures)}))
+    if limit > 0:
+        steps.append((STATEMENTS["JOB_CLAIM"], params))
+        steps.append((sql.LIMIT_NEXT_TOKEN, params))
+    # Sent together, with one Sync at the end: PostgreSQL runs the statements up to a Sync
+    # as one implicit transaction, committed at the Sync, or rolled back whole if one fails
+    # (psycopg's transaction() would sync before COMMIT and again after: three round trips).
+    assert db.autocommit, "a turn is its own transaction"
+    cursors = []
+    with db.pipeline():
+        for statement, step_params in steps:
+            cursors.append(db.cursor())
+            cursors[-1].execute(statement, step_params)
+    results = [c.fetchall() for c in cursors]
+    for c in cursors:
+        c.close()
+    recorded: set[int] = set()
+    failed: dict[int, str] = {}
+    at = 2
+    if successes:
+        recorded |= {row[0] for row in results[at]}
+        at += 1
+    if failures:
+        failed = {row[0]: row[1] for row in results[at]}
+        recorded |= set(failed)
+        at += 1
+    if limit <= 0:
+        return Turn(recorded, failed, [])
+    token = results[at + 1][0][0] if results[at + 1] else None
+    return Turn(recorded, failed, _jobs(results[at]), None if token is None else float(token))

@@ -168,16 +168,8 @@ DEFAULTS: dict[str, Any] = {
     # safety net: the claim and every exit from running keep them exact; a recount reads
     # every limit row and locks only those whose counter drifted).
     "LIMITS_RECOUNT_SECONDS": 60.0,
-    # While limits apply to its queues, the longest a worker goes between two limited
-    # claims when its turns come faster than that (short jobs): the turns in between claim
-    # only jobs of tenants with no limit row, at the plain claim's cost, so limited
-    # tenants' jobs may start, and their short jobs' slots free, up to this much later;
-    # not a tenant's whose room the last limited claim filled (the next turn is limited
-    # again), nor the slot of a job that ran this long. 0: every claim is limited
-    # (worker/claiming.py).
-    "LIMITS_CLAIM_SECONDS": 0.05,
-    # Most queued jobs one limit change gates or ungates at once (the claim deals with any
-    # beyond, each once).
+    # Most queued jobs one limit change gates or ungates in one transaction; it goes on in
+    # batches of this many until none is left.
     "LIMITS_GATE_BATCH": 10_000,
     # Most limit rows (scopes with a cap, a rate limit or a pause) /metrics exports as
     # pgqueue_limit_* series; past it the queues' rows come first and

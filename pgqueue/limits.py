@@ -79,8 +79,9 @@ def set_limits(
 
     Takes effect at the next claim. A cap lowered below what runs now starts nothing new
     until the scope is below it; running jobs are never stopped. When a tenant scope
-    starts or stops limiting anything, its queued jobs are gated or ungated (up to
-    LIMITS_GATE_BATCH of them here; the claim takes care of any beyond). Workers are woken.
+    starts or stops limiting anything, its queued jobs are gated or ungated, in batches of
+    LIMITS_GATE_BATCH, each its own transaction after the first (the claim counts a job in
+    its limits whether it is gated yet or not). Workers are woken.
     """
     queue = "" if queue is None else validate_name(queue, "queue")
     tenant = "" if tenant is None else validate_name(tenant, "tenant")
@@ -100,9 +101,17 @@ def set_limits(
             rate=rate,
             paused=paused,
         )
+        changed = 0
         if tenant:
-            limits_store.regate(cursor, tenant=tenant, queue=queue, gate=limiting, limit=batch)
+            changed = limits_store.regate(
+                cursor, tenant=tenant, queue=queue, gate=limiting, limit=batch
+            )
         limits_store.notify(cursor, queue=queue)
+    while changed >= batch:  # the rest in batches, each its own transaction
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            changed = limits_store.regate(
+                cursor, tenant=tenant, queue=queue, gate=limiting, limit=batch
+            )
 
 
 def set_tenant_limits(

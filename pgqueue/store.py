@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from . import sql
-from .claim_store import ClaimedJob, Success, claim, complete_and_claim  # noqa: F401
+from .claim_store import ClaimedJob, Success, claim, complete_and_claim, fail_params  # noqa: F401
 from .claim_store import complete_params as _complete_params
 from .claim_store import lease as _lease
 from .conf import pgqueue_settings
@@ -172,22 +172,7 @@ def fail_many(
 
     Returns ``{job id: new status}`` for those not fenced out.
     """
-    cursor.execute(
-        sql.JOB_FAIL_MANY,
-        {
-            "worker": worker,
-            "now": now,
-            "ids": [f.id for f in failures],
-            "attempts": [f.attempt for f in failures],
-            "errors": [f.error for f in failures],
-            "tracebacks": [f.traceback for f in failures],
-            "permanent": [f.permanent for f in failures],
-            "started": [f.started for f in failures],
-            "finished": [f.finished for f in failures],
-            "backoff_base": float(pgqueue_settings.BACKOFF_BASE),
-            "backoff_cap": float(pgqueue_settings.BACKOFF_CAP),
-        },
-    )
+    cursor.execute(sql.JOB_FAIL_MANY, {"worker": worker, "now": now, **fail_params(failures)})
     return {row[0]: row[1] for row in cursor.fetchall()}
 
 

@@ -15,7 +15,7 @@ import pytest
 from django.db import OperationalError, connection, transaction
 
 import pgqueue
-from pgqueue import sql, store
+from pgqueue import claim_store, store
 from pgqueue.conf import pgqueue_settings
 from pgqueue.models import FairClock, Job, Status
 from tests.conftest import claim, run_threads
@@ -26,10 +26,11 @@ TENANTS = ("t0", "t1", "t2", "t3")
 CLAIM_BATCH = 5
 RACE_ROUNDS = 5
 
+JOB_CLAIM = claim_store.STATEMENTS["JOB_CLAIM"]
 #: JOB_CLAIM with its row lock taken out: every claimer may pick the same candidates.
-JOB_CLAIM_NO_ROW_LOCK = sql.JOB_CLAIM.replace("FOR UPDATE SKIP LOCKED", "")
+JOB_CLAIM_NO_ROW_LOCK = JOB_CLAIM.replace("FOR UPDATE SKIP LOCKED", "")
 #: JOB_CLAIM that waits for locked rows instead of skipping them.
-JOB_CLAIM_WAITING = sql.JOB_CLAIM.replace("FOR UPDATE SKIP LOCKED", "FOR UPDATE")
+JOB_CLAIM_WAITING = JOB_CLAIM.replace("FOR UPDATE SKIP LOCKED", "FOR UPDATE")
 
 ClaimIds = Callable[[Any, str], list[int]]
 
@@ -135,8 +136,8 @@ def test_claim_without_row_lock_hands_out_duplicates() -> None:
     handed to two workers (and its attempts count goes up twice). A race may by chance
     show none, so up to RACE_ROUNDS races over fresh jobs are run until one does.
     """
-    assert "FOR UPDATE SKIP LOCKED" in sql.JOB_CLAIM
-    assert "FOR UPDATE" not in JOB_CLAIM_NO_ROW_LOCK
+    assert "FOR UPDATE SKIP LOCKED" in JOB_CLAIM
+    assert "FOR UPDATE SKIP LOCKED) j" not in JOB_CLAIM_NO_ROW_LOCK
 
     rounds = []
     for _ in range(RACE_ROUNDS):

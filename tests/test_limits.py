@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 import pgqueue
-from pgqueue import limits, sql, store
+from pgqueue import claim_store, limits, store
 from pgqueue.limit_models import Limit
 from pgqueue.limit_reads import waiting_for
 from pgqueue.models import Job
@@ -74,15 +74,18 @@ def test_jobs_queued_before_the_limit_are_gated_and_removing_it_ungates_them():
     assert [j.id for j in claim(limit=10)] == ids[1:]
 
 
-def test_a_stale_ungated_job_met_by_the_claim_is_gated_not_run():
+def test_a_stale_ungated_job_met_by_the_claim_is_counted_in_its_limits():
+    """A job left in the claim index after its tenant was limited (an enqueue whose
+    transaction was open as the limit was set) is counted in the tenant's rows like a gated
+    one: the cap holds, and the next starts once a slot is free."""
     ids = enqueue(3, "stale")
     limits.set_tenant_limits("stale", max_running=1)
     Job.objects.filter(id__in=ids).update(gated=False)  # as if queued in a race with the limit
     got = claim(limit=10)
-    assert len(got) <= 1
-    assert Job.objects.filter(id__in=ids, status="queued", gated=False).count() == 0
-    got += claim(limit=10)
-    assert [j.id for j in got] == ids[:1]
+    assert [j.id for j in got] == ids[:1] and got[0].limit_ids
+    assert claim(limit=10) == []
+    assert complete("w1", got[0])
+    assert [j.id for j in claim(limit=10)] == ids[1:2]
 
 
 def test_lowering_a_cap_below_running_starts_nothing_until_below():
@@ -257,10 +260,11 @@ def test_bad_limits_are_refused_naming_the_field(field, value):
     assert info.value.field == field
 
 
-#: JOB_CLAIM_LIMITED with the limit rows' lock taken out: each claim checks the cap against
-#: its own snapshot of the counter.
-JOB_CLAIM_NO_LIMIT_LOCK = sql.JOB_CLAIM_LIMITED.replace(
-    "     ORDER BY l.id\n       FOR UPDATE OF l SKIP LOCKED", "     ORDER BY l.id"
+JOB_CLAIM = claim_store.STATEMENTS["JOB_CLAIM"]
+#: JOB_CLAIM with the limit rows' lock taken out: each claim checks the cap against its own
+#: snapshot of the counter.
+JOB_CLAIM_NO_LIMIT_LOCK = JOB_CLAIM.replace(
+    "ORDER BY l.id FOR UPDATE OF l SKIP LOCKED", "ORDER BY l.id"
 )
 
 
@@ -296,12 +300,12 @@ def race_claims(statement: str, rounds: int = 20, threads: int = 8) -> int:
 
 @pytest.mark.django_db(transaction=True)
 def test_racing_claims_never_start_more_than_the_cap():
-    """Protection: the claim locks the limit row (``row_lock``: FOR UPDATE SKIP LOCKED),
+    """Protection: the claim locks the limit row (``locked``: FOR UPDATE SKIP LOCKED),
     which re-reads its newest ``running`` before checking the cap. Without that lock (the
     variant below) each claimer trusts its own snapshot and together they start more than
     the cap: claimers of one queue also meet each other's job locks, those of two do not."""
-    assert JOB_CLAIM_NO_LIMIT_LOCK != sql.JOB_CLAIM_LIMITED
-    assert race_claims(sql.JOB_CLAIM_LIMITED) == 3
+    assert JOB_CLAIM_NO_LIMIT_LOCK != JOB_CLAIM
+    assert race_claims(JOB_CLAIM) == 3
     assert race_claims(JOB_CLAIM_NO_LIMIT_LOCK) > 3
 
 

@@ -8,7 +8,7 @@ import pytest
 from django.db import transaction
 
 import pgqueue
-from pgqueue import limits, services, sql
+from pgqueue import limits, services
 from pgqueue.limit_models import Limit
 from pgqueue.models import Job, JobAttempt
 from tests.workers import wait_for
@@ -59,18 +59,13 @@ def test_a_tenant_cap_of_3_is_never_exceeded_by_8_workers_of_16_threads(workers,
     snapshot of ``running``, and the test failed 3 runs out of 3 (24 of a tenant's jobs at
     once: 3 per process).
 
-    (finished_at is its statement's start time, started_at the claim's time once it holds
-    its limit rows: a claim that took a slot after waiting for, or skipping, the lock of
-    the exit that freed it shows as starting after that exit, as the counter had it.)
-
-    With ``idle`` more tenants capped that have nothing queued, 20 takes the claim's queue
-    past sql.SKIP_SCAN_ABOVE tenant rows: the claims then find the capped tenants by their
-    skip scan of the gated jobs, and the same must hold."""
+    With ``idle`` more tenants capped that have nothing queued (20), the claims still find
+    the capped tenants by their skip scan of the gated jobs, and the same must hold."""
     for n in range(idle):
         limits.set_tenant_limits(f"idle{n:02}", max_running=3)
     for tenant in CAPPED:
         limits.set_tenant_limits(tenant, max_running=3)
-    assert (Limit.objects.count() > sql.SKIP_SCAN_ABOVE) == bool(idle)
+    assert Limit.objects.count() == len(CAPPED) + idle
     fast = {"POLL_SECONDS": 0.05, "MAINTENANCE_SECONDS": 0.5}
     procs = [workers("--concurrency", "16", "--prefetch", "0", settings=fast) for _ in range(8)]
     for p in procs:
@@ -179,11 +174,11 @@ def test_a_timed_out_job_of_a_capped_tenant_frees_its_slot(workers, tmp_path):
     wait_for(lambda: Limit.objects.get(tenant="t").running == 0, 10, "the count back to 0")
 
 
-def capped_burst(workers, capped: int, free: int, period: float) -> tuple[list, list]:
-    """A ``runworker --burst`` of 8 threads with LIMITS_CLAIM_SECONDS ``period`` over no-op
-    jobs of a tenant capped at 2 and an uncapped one; every job done, the cap never
-    exceeded, and no wait for a poll. Returns the capped tenant's attempts'
-    (started_at, finished_at) and the uncapped tenant's job ids."""
+def capped_burst(workers, capped: int, free: int) -> tuple[list, list]:
+    """A ``runworker --burst`` of 8 threads over no-op jobs of a tenant capped at 2 and an
+    uncapped one; every job done, the cap never exceeded, and no wait for a poll. Returns
+    the capped tenant's attempts' (started_at, finished_at) and the uncapped tenant's job
+    ids."""
     limits.set_tenant_limits("capped", max_running=2)
     capped_ids = pgqueue.enqueue_many("test.noop", [{}] * capped, tenant="capped")
     free_ids = pgqueue.enqueue_many("test.noop", [{}] * free, tenant="free")
@@ -191,7 +186,7 @@ def capped_burst(workers, capped: int, free: int, period: float) -> tuple[list, 
         "--burst",
         "--concurrency",
         "8",
-        settings={"LIMITS_CLAIM_SECONDS": period, "POLL_SECONDS": 60, "MAINTENANCE_SECONDS": 60},
+        settings={"POLL_SECONDS": 60, "MAINTENANCE_SECONDS": 60},
     )
     assert w.wait_exit(45) == 0  # never a poll's wait (60 s), however slow the machine
     assert all_done(capped_ids) and all_done(free_ids)
@@ -202,23 +197,18 @@ def capped_burst(workers, capped: int, free: int, period: float) -> tuple[list, 
     return spans, free_ids
 
 
-def test_a_burst_with_open_turns_drains_capped_and_uncapped_jobs_within_the_cap(workers):
-    """With LIMITS_CLAIM_SECONDS long, nearly every turn of a worker running no-op jobs is
-    an open one (uncapped jobs only; capped jobs' successes kept back); the capped
-    tenant's jobs start in the limited claims between, or right after an open claim comes
-    up short. A burst must still run every job, within the cap, without waiting for a
-    poll once only capped jobs are left, and leave the counter at 0."""
-    capped_burst(workers, 60, 300, period=1.0)
+def test_a_burst_drains_capped_and_uncapped_jobs_within_the_cap(workers):
+    """A burst runs every job, within the cap, without waiting for a poll once only capped
+    jobs are left, and leaves the counter at 0."""
+    capped_burst(workers, 60, 300)
     assert Limit.objects.get(tenant="capped").running == 0
 
 
-def test_a_capped_tenant_behind_its_share_starts_at_its_cap_not_once_a_period(workers):
-    """Protection: the room-bound marker (sql._room_bound, worker/claiming.py). With a
-    period far longer than the burst, open turns alone would start the capped tenant's
-    jobs only in the first limited claim and after the uncapped tenant's jobs ran out:
-    two of them before then. A limited claim that fills the capped tenant's room while
-    its jobs are among the best says so, and the next turn claims limited again: its jobs
-    start as fast as its cap allows, alongside the other tenant's, within the cap."""
-    spans, free = capped_burst(workers, 40, 3000, period=60.0)
+def test_a_capped_tenant_behind_its_share_starts_at_its_cap_alongside_the_others(workers):
+    """Protection: the claim takes gated jobs and ungated ones together, best first (one
+    ordering of both, ``picked`` in JOB_CLAIM). A claim that took the ungated jobs first
+    would start the capped tenant's only once the uncapped tenant's 3,000 had run out; its
+    jobs start as fast as its cap allows, alongside the other tenant's, within the cap."""
+    spans, free = capped_burst(workers, 40, 3000)
     free_end = max(JobAttempt.objects.filter(job_id__in=free).values_list("finished_at", flat=True))
     assert sum(1 for _, end in spans if end < free_end) >= 30

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from .. import stop_store, store
+from .. import claim_store, stop_store, store
 from ..claim_store import Success
 from .clock import DatabaseClock
 from .connection import CONNECTION_ERRORS, error_text
@@ -90,6 +90,10 @@ class OutcomeRecorder:
         """Write outcomes (fenced); returns the ids whose outcome was recorded."""
         successes, failures = self.split(outcomes)
         recorded: set[int] = set()
+        if successes and failures:  # two statements: their limit rows locked first, in order
+            claim_store.lock_turn(
+                cur, worker=self.worker_id, ids=[o.id for o in [*successes, *failures]]
+            )
         if successes:
             recorded |= store.complete_many(cur, worker=self.worker_id, results=successes)
         if failures:

@@ -22,10 +22,9 @@ from collections.abc import Sequence
 
 import psycopg
 
-from .. import store
+from .. import claim_store, store
 from ..conf import pgqueue_settings
 from ..registry import served_names
-from .claiming import Claims
 from .clock import DatabaseClock
 from .connection import (
     CONNECTION_ERRORS,
@@ -100,8 +99,9 @@ class WorkerLoop:
         self.in_flight: dict[int, JobContext] = {}
         self.pending: list[HandlerOutcome] = []  # taken from the queue, not yet recorded
         self.claimed_total = 0
-        self.limited: set[int] = set()  # ids of jobs in hand counted in limit rows
-        self.claims = Claims(self.id, self.queues, self.lease)  # plain, or within limits
+        #: Seconds to the next token of a rate limit holding back work of the queues, after
+        #: a claim that came up short (None: none): the loop wakes for it.
+        self.token_wait: float | None = None
         self.tasks = served_names()
         self.clock = DatabaseClock()  # read at each connection and heartbeat round
         self.recorder = OutcomeRecorder(
@@ -203,7 +203,7 @@ class WorkerLoop:
                     self._stranded_at(),
                     self._start_to_write(),
                 )
-                token = self.claims.token_wait  # a rate-limited scope's next token
+                token = self.token_wait  # a rate-limited scope's next token
                 timeout = min(
                     self.poll_every * (0.75 + 0.5 * random.random()),
                     self.poll_every if token is None else token + 0.001,
@@ -232,47 +232,28 @@ class WorkerLoop:
         if not self.pending and not want:
             return False
         successes, failures = self.recorder.split(self.pending)
-        # The steady state, nothing failed: one statement records the successes and claims
-        # (one round trip, one commit). A failure is written by a statement of its own; then
-        # the outcomes are written first and the claim follows, in one transaction.
-        # A job counted in limit rows gives them back in the limited claim (a net change of
-        # each row's counter) or, while the claims are plain, in JOB_COMPLETE_MANY. An open
-        # turn (see worker/claiming.py) records the others and keeps those for later: for
-        # the limited claim that follows it when it comes up short, or for a later turn.
-        counted = [o for o in self.pending if o.ctx.id in self.limited]
-        fused = bool(want) and not failures and (self.claims.limited or not counted)
-        open_turn = fused and self.claims.open_turn(max((o.duration for o in counted), default=0))
-        submitted, kept = self.pending, []
-        if open_turn:
-            submitted, kept = [o for o in self.pending if o.ctx.id not in self.limited], counted
-        recorded: set[int] = set()
-        claimed: list[store.ClaimedJob] = []
-        atomic = contextlib.nullcontext() if fused else self.db.transaction()
         try:
-            with atomic, self.db.cursor() as cur:
-                if not fused:
-                    recorded = self.recorder.record(cur, self.pending)
-                if open_turn:
-                    recorded_too, claimed, counted_too = self.claims.claim_open(
-                        cur,
-                        want,
-                        [s for s in successes if s[0] not in self.limited],
-                        [s for s in successes if s[0] in self.limited],
-                    )
-                    recorded |= recorded_too
-                    if counted_too:
-                        submitted, kept = self.pending, []
-                elif want:
-                    recorded_too, claimed = self.claims.claim(cur, want, successes if fused else [])
-                    recorded |= recorded_too
-                if fused:  # a success the cancel fence refused is recorded cancelled
-                    recorded |= self.recorder.cancel_refused(cur, submitted, recorded)
+            done = claim_store.turn(
+                self.db,
+                worker=self.id,
+                queues=self.queues,
+                limit=want,
+                successes=successes,
+                failures=failures,
+                lease_seconds=self.lease,
+            )
+            # A success or failure the cancel fence refused is recorded cancelled: one
+            # more statement, only after a cancel race or a lease lost unheard of.
+            with self.db.cursor() as cur:
+                recorded = done.recorded | self.recorder.cancel_refused(
+                    cur, self.pending, done.recorded
+                )
         except CONNECTION_ERRORS:
             raise
         except psycopg.Error as exc:
-            # The database refused the statement (rolled back: nothing of it happened).
-            # One outcome it cannot take must not cost the others theirs: record them one
-            # by one; the claim waits for the next turn.
+            # The database refused a statement (the turn rolled back: nothing of it
+            # happened). One outcome it cannot take must not cost the others theirs:
+            # record them one by one; the claim waits for the next turn.
             logger.error(
                 "event=batch_refused jobs=%s error=%r action=record_one_by_one",
                 ",".join(str(o.ctx.id) for o in self.pending),
@@ -284,14 +265,12 @@ class WorkerLoop:
             # Claim again at once after recording; a refused claim waits for the next poll.
             return had_outcomes
         # Committed: the outcomes are durable and the claims are ours.
-        self.recorder.log(submitted, recorded)
-        self.limited.difference_update(o.ctx.id for o in submitted)
-        self.pending = kept
-        self._dispatch(claimed)
-        self._burst_idle = want > 0 and not claimed
-        with self.db.cursor() as cur:
-            self.claims.short(cur, want, len(claimed))
-        return bool(want) and len(claimed) == want
+        self.recorder.log(self.pending, recorded)
+        self.pending = []
+        self._dispatch(done.jobs)
+        self._burst_idle = want > 0 and not done.jobs
+        self.token_wait = done.token_wait if len(done.jobs) < want else None
+        return bool(want) and len(done.jobs) == want
 
     _released = False
 
@@ -367,8 +346,6 @@ class WorkerLoop:
             return
         assert self.db is not None
         self.recorder.release(self.db, unstarted, reason="not_started_within_hold")
-        for ctx in unstarted:
-            self.limited.discard(ctx.id)
         self.gave_back = True
 
     def _take_unstarted(self) -> list[JobContext]:
@@ -468,8 +445,6 @@ class WorkerLoop:
             if held is not None:  # a timed-out or lost attempt whose handler may still run
                 self.stops.lingering.append(held)
             self.in_flight[job.id] = self.executor.start(job)
-            if job.limit_ids:
-                self.limited.add(job.id)
             self.claimed_total += 1
         if self.recorder.unrunnable:
             self.recorder.give_back(self.db)
