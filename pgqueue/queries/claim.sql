@@ -55,17 +55,18 @@ SELECT id FROM pgqueue_limit
 -- and each of those rows counting it (running + 1, a token spent). Returns them.
 -- Candidates, in claim order (priority DESC, vtime, id):
 -- - open: each queue's best %(limit)s jobs of the claim index (ungated: no tenant limit
---   applies to them), locked as read.
--- - w: the (queue, tenant) pairs with gated jobs, by a skip scan of pgqueue_job_gated (one
---   descent per pair: a limited tenant with nothing queued costs nothing).
--- - rows: the limit rows that apply to each (queue, tenant) of the open jobs and of the
---   pairs, as of the statement's snapshot (a tenant's in every queue, '', and in this
---   one, and the queue's own), those that limit something (a cap, a rate, a pause).
+--   applies to them), locked as read; w, pairs: the (queue, tenant) pairs with gated
+--   jobs, by a skip scan of pgqueue_job_gated (one descent per pair: a limited tenant
+--   with nothing queued costs nothing). Each with ``ids``, the limit rows that apply to
+--   it in the statement's snapshot and limit something (a cap, a rate, a pause): a
+--   tenant's in every queue (''), the tenant's in this queue, the queue's own; none read
+--   for the open jobs while pgqueue_limit is empty (one probe, not one per job).
 -- - locked: those rows, locked in id order, SKIP LOCKED, with their true room (free) and
---   tokens; usable: the (queue, tenant)s whose rows are all locked, with their room.
+--   tokens.
 -- - candidates: the open jobs whose rows are all locked, and the next jobs of each pair
 --   whose rows are all locked, at most its true room, locked as read.
--- - ranked, picked: each candidate's rank among those counting in the same row; the best
+-- - ranked, picked: each candidate's rank among those counting in the same row (none read
+--   for a job counted in no row: no function scan); the best
 --   %(limit)s whose rows are all locked and whose rank in each is within its room, queue
 --   by queue rank by rank (vtimes of different queues are not comparable). Ranks are the
 --   candidates', which a pick's rank among the picks never exceeds: no row starts more
@@ -80,7 +81,10 @@ SELECT id FROM pgqueue_limit
 WITH RECURSIVE at AS (SELECT COALESCE(%(now)s::timestamptz, now()) AS at),
 queues AS (SELECT name, ord FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)),
 open AS MATERIALIZED (
-    SELECT j.id, j.queue, j.tenant, j.priority, j.vtime, q.ord
+    SELECT j.id, j.priority, j.vtime, q.ord, CASE WHEN (SELECT EXISTS (SELECT FROM pgqueue_limit))
+               THEN ARRAY(SELECT id FROM pgqueue_limit WHERE tenant IN (j.tenant, '')
+                             AND queue IN (j.queue, '') AND (num_nonnulls(max_running, rate_count) > 0
+                                 OR paused)) ELSE '{}' END AS ids
       FROM queues q CROSS JOIN LATERAL (
            SELECT id, queue, tenant, priority, vtime FROM pgqueue_job
             WHERE queue = q.name AND status = 'queued' AND NOT gated
@@ -96,38 +100,35 @@ w(queue, ord, tenant) AS (
                              ORDER BY tenant LIMIT 1)
       FROM w WHERE w.tenant IS NOT NULL
 ),
-rows AS MATERIALIZED (
-    SELECT DISTINCT s.queue, s.ord, s.tenant, s.gated, ARRAY(
-               SELECT id FROM pgqueue_limit WHERE tenant IN (s.tenant, '') AND queue IN (s.queue, '')
-                  AND (max_running IS NOT NULL OR rate_count IS NOT NULL OR paused)) AS ids
-      FROM (SELECT queue, ord, tenant, TRUE AS gated FROM w WHERE tenant IS NOT NULL
-            UNION ALL SELECT queue, ord, tenant, FALSE FROM open) s
+pairs AS MATERIALIZED (
+    SELECT w.queue, w.ord, w.tenant, ARRAY(
+               SELECT id FROM pgqueue_limit WHERE tenant IN (w.tenant, '') AND queue IN (w.queue, '')
+                  AND (num_nonnulls(max_running, rate_count) > 0 OR paused)) AS ids
+      FROM w WHERE w.tenant IS NOT NULL
 ),
 locked AS MATERIALIZED (
     SELECT l.id, pgqueue_limit_tokens(l, a.at) AS tokens,
            pgqueue_limit_room(l, a.at, %(limit)s) AS free
       FROM pgqueue_limit l, at a
-     WHERE l.id = ANY(ARRAY(SELECT unnest(ids) FROM rows))
+     WHERE l.id = ANY(ARRAY(SELECT unnest(ids) FROM open UNION SELECT unnest(ids) FROM pairs))
      ORDER BY l.id FOR UPDATE OF l SKIP LOCKED
 ),
-usable AS MATERIALIZED (
-    SELECT r.*, COALESCE((SELECT min(free) FROM locked WHERE id = ANY(r.ids)), %(limit)s) AS room
-      FROM rows r WHERE r.ids <@ ARRAY(SELECT id FROM locked)
-),
 candidates AS MATERIALIZED (
-    SELECT o.id, o.priority, o.vtime, o.ord, u.ids FROM open o
-      JOIN usable u ON NOT u.gated AND u.queue = o.queue AND u.tenant = o.tenant
+    SELECT id, priority, vtime, ord, ids FROM open WHERE ids <@ ARRAY(SELECT id FROM locked)
     UNION ALL
-    SELECT j.id, j.priority, j.vtime, u.ord, u.ids FROM usable u CROSS JOIN LATERAL (
+    SELECT j.id, j.priority, j.vtime, p.ord, p.ids FROM pairs p CROSS JOIN LATERAL (
            SELECT id, priority, vtime FROM pgqueue_job
-            WHERE queue = u.queue AND tenant = u.tenant AND status = 'queued' AND gated
-            ORDER BY priority DESC, vtime, id LIMIT u.room FOR UPDATE SKIP LOCKED) j
-     WHERE u.gated AND u.room > 0
+            WHERE queue = p.queue AND tenant = p.tenant AND status = 'queued' AND gated
+            ORDER BY priority DESC, vtime, id
+            LIMIT COALESCE((SELECT min(free) FROM locked WHERE id = ANY(p.ids)), %(limit)s)
+              FOR UPDATE SKIP LOCKED) j
+     WHERE p.ids <@ ARRAY(SELECT id FROM locked)
 ),
 ranked AS MATERIALIZED (
     SELECT c.id, k.free, row_number() OVER (PARTITION BY k.id
                                             ORDER BY c.priority DESC, c.vtime, c.id) AS rank
       FROM candidates c CROSS JOIN LATERAL unnest(c.ids) AS r(lid) JOIN locked k ON k.id = r.lid
+     WHERE c.ids <> '{}'
 ),
 picked AS MATERIALIZED (
     SELECT id, ids FROM (
@@ -143,7 +144,7 @@ leased AS (
            claimed_at = a.at, lease_expires_at = a.at + %(lease)s * interval '1 second',
            started_at = NULL, limit_ids = NULLIF(p.ids, '{}')
       FROM picked p, at a
-     WHERE j.id = p.id AND j.id = ANY(ARRAY(SELECT id FROM picked))
+     WHERE j.id = p.id
     RETURNING j.id, j.task, j.payload::text, j.tenant, j.queue, j.priority, j.attempts,
               j.max_attempts, j.lease_expires_at, j.vtime, j.timeout_seconds, j.limit_ids, j.lost_claims
 ),

@@ -99,6 +99,8 @@ class WorkerLoop:
         self.in_flight: dict[int, JobContext] = {}
         self.pending: list[HandlerOutcome] = []  # taken from the queue, not yet recorded
         self.claimed_total = 0
+        #: Ids of the jobs in hand counted in limit rows: a turn locks their rows first.
+        self.counted: set[int] = set()
         #: Seconds to the next token of a rate limit holding back work of the queues, after
         #: a claim that came up short (None: none): the loop wakes for it.
         self.token_wait: float | None = None
@@ -240,6 +242,7 @@ class WorkerLoop:
                 limit=want,
                 successes=successes,
                 failures=failures,
+                counted=self.counted,
                 lease_seconds=self.lease,
             )
             # A success or failure the cancel fence refused is recorded cancelled: one
@@ -268,6 +271,7 @@ class WorkerLoop:
         self.recorder.log(self.pending, recorded)
         self.pending = []
         self._dispatch(done.jobs)
+        self.counted &= self.in_flight.keys()  # those recorded, given back or lost go
         self._burst_idle = want > 0 and not done.jobs
         self.token_wait = done.token_wait if len(done.jobs) < want else None
         return bool(want) and len(done.jobs) == want
@@ -445,6 +449,8 @@ class WorkerLoop:
             if held is not None:  # a timed-out or lost attempt whose handler may still run
                 self.stops.lingering.append(held)
             self.in_flight[job.id] = self.executor.start(job)
+            if job.limit_ids:
+                self.counted.add(job.id)
             self.claimed_total += 1
         if self.recorder.unrunnable:
             self.recorder.give_back(self.db)
