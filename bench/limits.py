@@ -12,13 +12,10 @@
   8 threads, so the caps are never the bottleneck) against no limit at all, alternated
   (none, caps, none, caps, ...), medians; jobs/s = jobs / (last finish - first start).
   The same difference measured where the burst's noise cannot reach it: a worker's
-  steady-state turn statement (record 40 successes and claim 40) on one fixed state,
-  plain, limited and open (the claim of the turns between two limited ones, see
-  LIMITS_CLAIM_SECONDS) interleaved run by run, rolled back each time (statement_cost),
-  and the ratio those predict at the no-limit drain's rate and the share of a drain's turns
-  that started capped jobs (each claim statement leases its jobs at one instant: its
-  distinct claimed_at), against the fewest claims that can start them (capped jobs /
-  capped slots).
+  steady-state turn (record 40 successes and claim 40) on one fixed state, without limits
+  and with the caps, interleaved run by run, rolled back each time (statement_cost); and
+  the share of a drain's turns that started capped jobs (each claim leases its jobs at
+  one instant: its distinct claimed_at).
   Then a huge backlog: one tenant at its cap (cap 1, its one running job a long sleep held
   by a worker of another queue) with N jobs queued behind the cap (one INSERT ... SELECT
   generate_series, gated), while 99 tenants' no-op jobs drain, against the same with
@@ -227,20 +224,18 @@ def _each_pair(rates: dict[str, list[float]], over: str = "none", of: str = "cap
 
 
 def statement_cost(runs: int, jobs: int = TURN_JOBS) -> dict[str, float]:
-    """Median µs of a worker's steady-state turn statement (record ``jobs`` successes and
-    claim ``jobs``, one statement), plain, limited and open (the turns between two limited
-    claims: the successes of uncapped jobs only), on one fixed state: each run rolled
-    back, the three interleaved run by run, so that the machine's drift, which moves the
-    burst's jobs/s by a third from one minute to the next here, falls on all alike. Queue
-    OTHER has no limit (the plain statement); queue 'default' has the cost mix (the limited
-    and the open statements), 10 of its 100 tenants capped at 2 (as (queue, tenant) caps,
-    so that OTHER stays plain), each after 60 committed turns of a worker of its own
-    (capped and uncapped jobs running, and given back by the statement, as in a drain)."""
+    """Median µs of a worker's steady-state turn (record ``jobs`` successes and claim
+    ``jobs``: TURN_PLAN, LIMIT_LOCK_TURN, JOB_COMPLETE_MANY, JOB_CLAIM, prepared, one after
+    another in one transaction) on one fixed state, rolled back each run, "plain" and
+    "limited" interleaved run by run, so that the machine's drift falls on both alike.
+    Queue OTHER has no limit; queue 'default' has the cost mix, 10 of its 100 tenants
+    capped at 2 (as (queue, tenant) caps, so that OTHER stays unlimited), each state reached
+    after 60 committed turns of a worker of its own (capped and uncapped jobs running, and
+    given back by the turn, as in a drain)."""
     import psycopg
 
     import pgqueue
-    from pgqueue import claim_store, limits
-    from pgqueue.worker.claiming import Claims
+    from pgqueue import claim_store, limits, sql
     from pgqueue.worker.connection import connect_params
 
     other = "other"
@@ -252,33 +247,36 @@ def statement_cost(runs: int, jobs: int = TURN_JOBS) -> dict[str, float]:
         for tenant in names:
             pgqueue.enqueue_many("bench.noop", [None] * 200, tenant=tenant, queue=queue)
     _vacuum()
+    statements = claim_store.STATEMENTS
     with psycopg.connect(**connect_params("default"), autocommit=True) as conn:
-        statements = {}
-        for name, queue in (("plain", other), ("limited", "default"), ("open", "default")):
+        turns: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        for name, queue in (("plain", other), ("limited", "default")):
             worker = f"cost-{name}"
-            claims = Claims(worker, [queue], 60.0, limited_every=0)
             held: list[Any] = []
-            with conn.cursor() as cur:
-                for _ in range(61):
-                    _, held = claims.claim(cur, jobs, [(j.id, j.attempt, None) for j in held])
-            assert claims.limited == (queue == "default") and len(held) == jobs
-            params = {"queues": [queue], "limit": jobs, "worker": worker}
-            params.update(lease=60.0, now=None)
-            # The open claim records only the successes of jobs counted in no limit row.
-            done = [j for j in held if name != "open" or not j.limit_ids]
-            params.update(claim_store.complete_params([(j.id, j.attempt, None) for j in done]))
-            text, order = claim_store._positional(
-                claim_store._statement(True, name == "limited", False, jobs, name == "open")
-            )
-            statements[name] = (text, [params[key] for key in order])
-        raw = psycopg.RawCursor(conn)
-        times: dict[str, list[float]] = {name: [] for name in statements}
+            for _ in range(61):
+                done = [claim_store.Success(j.id, j.attempt, None) for j in held]
+                held = claim_store.turn(
+                    conn, worker=worker, queues=[queue], limit=jobs, successes=done
+                ).jobs
+            assert len(held) == jobs
+            done = [claim_store.Success(j.id, j.attempt, None) for j in held]
+            params = {"queues": [queue], "limit": jobs, "worker": worker, "lease": 60.0}
+            params.update(now=None, ids=[j.id for j in held if j.limit_ids])
+            turns[name] = [
+                (statements["TURN_PLAN"], {}),
+                (statements["LIMIT_LOCK_TURN"], params),
+                (sql.JOB_COMPLETE_MANY, {**params, **claim_store.complete_params(done)}),
+                (statements["JOB_CLAIM"], params),
+            ]
+        times: dict[str, list[float]] = {name: [] for name in turns}
         for _ in range(runs):
-            for name, (text, args) in statements.items():
+            for name, steps in turns.items():
                 conn.pgconn.exec_(b"BEGIN")  # not conn.execute: a rollback through psycopg
                 started = time.perf_counter()  # forgets the prepared statements
-                raw.execute(text, args, prepare=True)
-                raw.fetchall()
+                for text, args in steps:
+                    with conn.cursor() as cur:
+                        cur.execute(text, args, prepare=True)
+                        cur.fetchall()
                 times[name].append(time.perf_counter() - started)
                 conn.pgconn.exec_(b"ROLLBACK")
     return {name: median(t) * 1e6 for name, t in times.items()}
@@ -439,30 +437,10 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
     cost_ratio = median(rates["caps"]) / median(rates["none"])
     round_ratio = median(_round_ratios(rates))  # the target must hold by both
     turn = statement_cost(statement_runs)
-    # At the no-limit drain's rate a worker turns rate / TURN_JOBS times a second. The limited
-    # claim runs once per LIMITS_CLAIM_SECONDS of them, and more often if the capped tenants
-    # need it (each limited claim starts at most their slots, CAPPED_TENANTS * COST_CAP; the
-    # room-bound marker asks for the next one); the open one on the rest. The share measured
-    # in the drains (the turns that started a capped job) is what the prediction uses.
-    from pgqueue.conf import pgqueue_settings
-
-    every = float(pgqueue_settings.LIMITS_CLAIM_SECONDS)
-    period_share = 1.0 if every <= 0 else min(1.0, TURN_JOBS / (median(rates["none"]) * every))
-    need_share = min(1.0, CAPPED_TENANTS / TENANTS * TURN_JOBS / (CAPPED_TENANTS * COST_CAP))
-    capped_jobs = cost_jobs // TENANTS * CAPPED_TENANTS
-    fewest = math.ceil(capped_jobs / (CAPPED_TENANTS * COST_CAP))  # claims to start them all
     capped_turns = median([d.capped_turns for d in drains["caps"]])
     turns = median([d.turns for d in drains["caps"]])
-    share = median([d.capped_turns / d.turns for d in drains["caps"]])
-    extra_per_job = (
-        (share * (turn["limited"] - turn["plain"]) + (1 - share) * (turn["open"] - turn["plain"]))
-        / TURN_JOBS
-        / 1e6
-    )  # seconds
-    predicted = 1 / (1 + median(rates["none"]) * extra_per_job)
     print(
-        f"   turn statement: plain {turn['plain']:,.0f} us, limited {turn['limited']:,.0f} us,"
-        f" open {turn['open']:,.0f} us",
+        f"   turn: plain {turn['plain']:,.0f} us, limited {turn['limited']:,.0f} us",
         flush=True,
     )
     idle_ratio = median(rates["idle"]) / median(rates["caps"])
@@ -527,33 +505,16 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
     )
     report += _each_pair(rates) + _each_pair(rates, "caps", "idle")
     report += (
-        f"\ncaps / no limits: {cost_ratio:.2f}, the rounds' median {round_ratio:.2f} (target >= "
-        f"0.9: {'met' if min(cost_ratio, round_ratio) >= 0.9 else 'NOT met'} by both); "
-        f"{backlog:,}-job backlog / none: "
-        f"{backlog_ratio:.2f} (target >= 0.9: {'met' if backlog_ratio >= 0.9 else 'NOT met'}); "
-        f"{IDLE_CAPPED:,} idle capped tenants / caps alone: {idle_ratio:.2f} (target >= 0.9: "
-        f"{'met' if idle_ratio >= 0.9 else 'NOT met'})"
+        f"\ncaps / no limits: {cost_ratio:.2f}, the rounds' median {round_ratio:.2f}; "
+        f"{backlog:,}-job backlog / none: {backlog_ratio:.2f}; "
+        f"{IDLE_CAPPED:,} idle capped tenants / caps alone: {idle_ratio:.2f}"
     )
     report += (
-        f"\nthe turn statement alone (record {TURN_JOBS} successes and claim {TURN_JOBS}, fixed "
-        f"state, "
+        f"\na turn alone (record {TURN_JOBS} successes and claim {TURN_JOBS}, fixed state, "
         f"{statement_runs:,} interleaved runs, medians): plain {turn['plain']:,.0f} us, "
-        f"limited {turn['limited']:,.0f} us (+{turn['limited'] - turn['plain']:,.0f} us, "
-        f"{turn['limited'] / turn['plain'] - 1:+.0%}), open {turn['open']:,.0f} us "
-        f"({turn['open'] / turn['plain'] - 1:+.0%}); a worker that drains "
-        f"{median(rates['none']):,.0f} jobs/s without limits turns "
-        f"{median(rates['none']) / TURN_JOBS:,.0f} times a second; with LIMITS_CLAIM_SECONDS = "
-        f"{every:g}, {period_share:.0%} of its turns are limited for the period, and "
-        f"{need_share:.0%} at least for the capped tenants' share (their "
-        f"{CAPPED_TENANTS / TENANTS:.0%} of {TURN_JOBS} jobs a turn in "
-        f"{CAPPED_TENANTS * COST_CAP} slots); in the drains with caps, {capped_turns:,.0f} of "
-        f"{turns:,.0f} turns started capped jobs (medians; at least {fewest:,} to start "
-        f"{capped_jobs:,} capped jobs {CAPPED_TENANTS * COST_CAP} at a time; a limited claim "
-        f"that started none is not counted); at that share, {share:.0%}: "
-        f"{extra_per_job * 1e6:.1f} us more per job on its loop, which predicts caps / no "
-        "limits = "
-        f"{predicted:.2f} (target >= 0.9: {'met' if predicted >= 0.9 else 'NOT met'} by this "
-        "measure)"
+        f"limited {turn['limited']:,.0f} us ({turn['limited'] / turn['plain'] - 1:+.0%}); "
+        f"in the drains with caps, {capped_turns:,.0f} of {turns:,.0f} turns started capped "
+        "jobs (medians)"
     )
     report += "\n\nCost with 2 processes x 4 threads (the same mix):\n" + table(
         ["case", "jobs/s (median)", "runs"],
@@ -586,11 +547,11 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
         f"--concurrency 8 per run, {CAPPED_TENANTS} tenants (10% of the jobs) capped at "
         f"{COST_CAP} against none, and the same with {IDLE_CAPPED:,} more tenants capped at "
         f"{COST_CAP} that have nothing queued, {pairs} alternated rounds (none, caps, idle), "
-        "medians, jobs/s = jobs / (last finish - first start); the turn statement: a "
-        f"worker's steady-state statement (record {TURN_JOBS} successes, claim {TURN_JOBS}) on "
-        "one fixed state "
-        f"of the same mix after 60 turns, prepared, rolled back each time, plain, limited "
-        f"and open interleaved, {statement_runs:,} runs each, medians; the same with "
+        "medians, jobs/s = jobs / (last finish - first start); the turn: a worker's "
+        f"steady-state turn (record {TURN_JOBS} successes, claim {TURN_JOBS}: TURN_PLAN, "
+        "LIMIT_LOCK_TURN, JOB_COMPLETE_MANY, JOB_CLAIM) on one fixed state of the same mix "
+        "after 60 turns, prepared, rolled back each time, plain and limited interleaved, "
+        f"{statement_runs:,} runs each, medians; the same with "
         f"runworker "
         "--processes 2 --concurrency 4, "
         f"{pairs2} alternated pairs; backlog: {cost_jobs:,} no-op jobs of {TENANTS - 1} tenants "
@@ -610,8 +571,7 @@ def run(quick: bool, out_dir: Path) -> dict[str, Any]:
             "cost_jobs_per_s": rates,
             "cost_ratio": cost_ratio,
             "cost_ratio_rounds_median": round_ratio,
-            "turn_statement_us": turn,
-            "cost_ratio_predicted_from_statement": predicted,
+            "turn_us": turn,
             "cost_turns": {v: [[d.turns, d.capped_turns] for d in ds] for v, ds in drains.items()},
             "idle_capped_ratio": idle_ratio,
             "cost_jobs_per_s_2_processes": rates2,

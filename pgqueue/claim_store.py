@@ -168,9 +168,6 @@ class Turn(NamedTuple):
     recorded: set[int]  # the successes and failures recorded; the others were fenced out
     failed: dict[int, str]  # the failures recorded: {job id: its new status}
     jobs: list[ClaimedJob]  # the jobs claimed, best first
-    #: Seconds until a rate limit holding back work of the queues has its next token
-    #: (LIMIT_NEXT_TOKEN; None: none): a worker whose claim came up short wakes for it.
-    token_wait: float | None = None
 
 
 def turn(
@@ -206,7 +203,6 @@ def turn(
         steps.append((sql.JOB_FAIL_MANY, {**params, **fail_params(failures)}))
     if limit > 0:
         steps.append((STATEMENTS["JOB_CLAIM"], params))
-        steps.append((sql.LIMIT_NEXT_TOKEN, params))
     # Sent together, with one Sync at the end: PostgreSQL runs the statements up to a Sync
     # as one implicit transaction, committed at the Sync, or rolled back whole if one fails
     # (psycopg's transaction() would sync before COMMIT and again after: three round trips).
@@ -229,7 +225,4 @@ def turn(
         failed = {row[0]: row[1] for row in results[at]}
         recorded |= set(failed)
         at += 1
-    if limit <= 0:
-        return Turn(recorded, failed, [])
-    token = results[at + 1][0][0] if results[at + 1] else None
-    return Turn(recorded, failed, _jobs(results[at]), None if token is None else float(token))
+    return Turn(recorded, failed, _jobs(results[at]) if limit > 0 else [])

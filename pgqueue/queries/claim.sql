@@ -1,6 +1,6 @@
 -- The claim: what a worker's turn runs, in one transaction and one round trip
 -- (claim_store.turn): TURN_PLAN, LIMIT_LOCK_TURN, then the outcomes (JOB_COMPLETE_MANY,
--- JOB_FAIL_MANY of pgqueue.sql), then JOB_CLAIM and LIMIT_NEXT_TOKEN (pgqueue.sql). Each statement is written here whole, as
+-- JOB_FAIL_MANY of pgqueue.sql), then JOB_CLAIM. Each statement is written here whole, as
 -- PostgreSQL runs it; values are parameters (%(name)s). A header says what a statement
 -- does and why it is shaped so, what it locks, which indexes serve it and who calls it.
 --

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from .. import claim_store, store
+from .. import claim_store, limits_store, store
 from ..conf import pgqueue_settings
 from ..registry import served_names
 from .clock import DatabaseClock
@@ -273,7 +273,10 @@ class WorkerLoop:
         self._dispatch(done.jobs)
         self.counted &= self.in_flight.keys()  # those recorded, given back or lost go
         self._burst_idle = want > 0 and not done.jobs
-        self.token_wait = done.token_wait if len(done.jobs) < want else None
+        self.token_wait = None
+        if len(done.jobs) < want:  # a rate limit may hold jobs back: wake for its next token
+            with self.db.cursor() as cur:
+                self.token_wait = limits_store.next_token_in(cur, self.queues)
         return bool(want) and len(done.jobs) == want
 
     _released = False
