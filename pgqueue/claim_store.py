@@ -78,7 +78,14 @@ def complete_params(results: Sequence[Sequence[Any]]) -> dict[str, Any]:
 STATEMENTS = load("claim.sql")
 
 
-def _params(worker: str, queues: Sequence[str], limit: int, lease_seconds, now) -> dict[str, Any]:
+def _params(
+    worker: str,
+    queues: Sequence[str],
+    limit: int,
+    lease_seconds: float | None,
+    now: dt.datetime | None,
+) -> dict[str, Any]:
+    """The parameters every claim statement takes (LIMIT_LOCK_TURN's ``ids`` empty)."""
     return {
         "queues": list(queues),
         "limit": limit,
