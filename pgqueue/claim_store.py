@@ -190,11 +190,10 @@ def turn(
     now: dt.datetime | None = None,
 ) -> Turn:
     """One turn of a worker, in one transaction and one round trip (pipeline mode):
-    TURN_PLAN, LIMIT_LOCK_TURN, the successes (JOB_COMPLETE_MANY) and failures (JOB_FAIL_MANY), the
-    claim of up to ``limit`` jobs (JOB_CLAIM) and when a rate limit's next token comes
-    (LIMIT_NEXT_TOKEN, next to nothing without rate limits). ``counted``: the jobs among
-    the outcomes counted in limit rows (None: not known, all are locked first). A statement
-    the database refuses rolls the whole turn back and is raised."""
+    TURN_PLAN, LIMIT_LOCK_TURN, the successes (JOB_COMPLETE_MANY) and failures
+    (JOB_FAIL_MANY), and the claim of up to ``limit`` jobs (JOB_CLAIM). ``counted``: the
+    jobs among the outcomes counted in limit rows (None: not known, all are locked first).
+    A statement the database refuses rolls the whole turn back and is raised."""
     params = _params(worker, queues, limit, lease_seconds, now)
     # The jobs to lock first: those counted in limit rows (their exits take limit rows'
     # locks); ``counted`` names them when the caller knows, else every one is locked.

@@ -1,4 +1,4 @@
-"""Runs the limit statements of ``pgqueue.sql`` (LIMIT_*, JOB_GATE_SCOPE, ...).
+"""Runs the limit statements of ``pgqueue/queries/limits.sql`` (LIMIT_*, JOB_GATE_SCOPE, ...).
 
 As ``pgqueue.store``: each function takes an open DB-API cursor and does one round trip
 unless its docstring says otherwise; transactions are the caller's.
@@ -10,8 +10,11 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from . import sql
 from .conf import pgqueue_settings
+from .queries import load
+
+#: The statements of limits.sql, by name.
+STATEMENTS = load("limits.sql")
 
 #: Marks a limit field the caller leaves as it is.
 UNSET: Any = object()
@@ -28,7 +31,7 @@ def set_limit(
 ) -> tuple[int, bool]:
     """Upsert one scope's row (LIMIT_SET); ``(row id, limits anything now)``."""
     cursor.execute(
-        sql.LIMIT_SET,
+        STATEMENTS["LIMIT_SET"],
         {
             "queue": queue,
             "tenant": tenant,
@@ -47,7 +50,7 @@ def set_limit(
 def regate(cursor: Any, *, tenant: str, queue: str, gate: bool, limit: int) -> int:
     """Gate (JOB_GATE_SCOPE) or ungate (JOB_UNGATE_SCOPE) up to ``limit`` queued jobs of a
     tenant scope; returns how many changed."""
-    statement = sql.JOB_GATE_SCOPE if gate else sql.JOB_UNGATE_SCOPE
+    statement = STATEMENTS["JOB_GATE_SCOPE"] if gate else STATEMENTS["JOB_UNGATE_SCOPE"]
     cursor.execute(statement, {"tenant": tenant, "queue": queue, "limit": limit})
     return len(cursor.fetchall())
 
@@ -55,7 +58,8 @@ def regate(cursor: Any, *, tenant: str, queue: str, gate: bool, limit: int) -> i
 def notify(cursor: Any, *, queue: str) -> None:
     """Wake the workers of ``queue`` ('' : of every queue served) on commit."""
     cursor.execute(
-        sql.QUEUE_NOTIFY_SERVED, {"queue": queue, "channel": pgqueue_settings.NOTIFY_CHANNEL}
+        STATEMENTS["QUEUE_NOTIFY_SERVED"],
+        {"queue": queue, "channel": pgqueue_settings.NOTIFY_CHANNEL},
     )
 
 
@@ -63,7 +67,7 @@ def next_token_in(
     cursor: Any, queues: Sequence[str], *, now: dt.datetime | None = None
 ) -> float | None:
     """Seconds until a rate-limited scope of ``queues`` has its next token (None: none)."""
-    cursor.execute(sql.LIMIT_NEXT_TOKEN, {"queues": list(queues), "now": now})
+    cursor.execute(STATEMENTS["LIMIT_NEXT_TOKEN"], {"queues": list(queues), "now": now})
     row = cursor.fetchone()
     return None if row is None or row[0] is None else float(row[0])
 
@@ -74,13 +78,13 @@ def recount(cursor: Any) -> list[tuple[int, int, int]]:
     fresh snapshot (LIMIT_RECOUNT); one round trip when nothing drifted. In the caller's
     transaction, which must be READ COMMITTED. Returns ``(row id, was, now)`` of the rows
     corrected."""
-    cursor.execute(sql.LIMIT_DRIFTED)
+    cursor.execute(STATEMENTS["LIMIT_DRIFTED"])
     ids = [r[0] for r in cursor.fetchall()]
     if not ids:
         return []
-    cursor.execute(sql.LIMIT_LOCK_MANY, {"ids": ids})
+    cursor.execute(STATEMENTS["LIMIT_LOCK_MANY"], {"ids": ids})
     cursor.fetchall()
-    cursor.execute(sql.LIMIT_RECOUNT, {"ids": ids})
+    cursor.execute(STATEMENTS["LIMIT_RECOUNT"], {"ids": ids})
     return [(r[0], r[1], r[2]) for r in cursor.fetchall()]
 
 
@@ -88,5 +92,5 @@ def delete_unused(cursor: Any) -> list[int]:
     """Delete the rows that limit nothing, count nothing and hold back no gated job
     (LIMIT_DELETE_UNUSED), so the claims of their queues go back to the plain statement.
     It locks only the rows it deletes. Returns their ids."""
-    cursor.execute(sql.LIMIT_DELETE_UNUSED)
+    cursor.execute(STATEMENTS["LIMIT_DELETE_UNUSED"])
     return [r[0] for r in cursor.fetchall()]
