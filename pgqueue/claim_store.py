@@ -198,7 +198,10 @@ def turn(
     # The jobs to lock first: those counted in limit rows (their exits take limit rows'
     # locks); ``counted`` names them when the caller knows, else every one is locked.
     ids = [s.id for s in successes] + [f.id for f in failures]
-    params["ids"] = ids if counted is None else [i for i in ids if i in set(counted)]
+    if counted is not None:
+        counted = set(counted)
+        ids = [i for i in ids if i in counted]
+    params["ids"] = ids
     steps: list[tuple[str, dict[str, Any]]] = [
         (STATEMENTS["TURN_PLAN"], {}),
         (STATEMENTS["LIMIT_LOCK_TURN"], params),
