@@ -3,7 +3,9 @@
 pgqueue orders runnable jobs by ``priority DESC, vtime, id`` and never changes that order
 in the claim: all of the policy is in how ``vtime`` is assigned when a job becomes
 runnable (enqueued without delay, promoted from scheduled, or retried). That keeps the
-claim a single index scan and puts every policy decision in this module.
+claim a single index scan and puts every policy decision in the statements that assign
+``vtime`` (pgqueue/queries/enqueue.sql and promotion.sql, their fair clocks in
+fair_clock.sql); this module holds the settings' values they are bound with.
 
 Fair ordering (the default) is start-time fair queuing with virtual time. Each priority
 level of each queue is an independent fair-queuing system; a tenant's clock there is one
@@ -62,78 +64,6 @@ ORDERINGS = ("fair", "fifo")
 FAIRNESS_MODES = ("jobs", "time")
 
 
-def level_head(queue: str, priority: str) -> str:
-    """SQL for the current virtual time of one (queue, priority) level.
-
-    The lowest queued (ungated) vtime there is read from the claim index (pgqueue_job_claim, an
-    equality on queue and priority, then vtime order: one index tuple). When no ungated job
-    is queued there but limited tenants' gated jobs are, the head is the lowest of theirs
-    (one probe of pgqueue_job_gated per tenant with a limit row; only then): otherwise a
-    tenant arriving behind a capped tenant's backlog would start after all of it, and the
-    capped tenant's older vtimes would win every slot its cap leaves it. When the level
-    has nothing queued, everything assigned there has been claimed, so the current time is
-    the largest clock of the level (pgqueue_fair_clock_level, a backward scan of one
-    tuple). ``queue`` and ``priority`` are SQL expressions.
-    """
-    return f"""COALESCE(
-        {queued_head(queue, priority)},
-        {gated_head(queue, priority)},
-        {clock_head(queue, priority)},
-        0.0)"""
-
-
-def queued_head(queue: str, priority: str) -> str:
-    """SQL: the lowest vtime of the level's queued ungated jobs (NULL: none); one tuple of
-    pgqueue_job_claim. The first term of ``level_head``."""
-    return f"""(SELECT hj.vtime FROM pgqueue_job hj
-          WHERE hj.queue = {queue} AND hj.priority = {priority} AND hj.status = 'queued'
-            AND NOT hj.gated
-          ORDER BY hj.vtime LIMIT 1)"""
-
-
-def gated_head(queue: str, priority: str) -> str:
-    """SQL: the lowest vtime of the level's gated jobs, those of tenants with a limit row
-    (the only ones that can have gated jobs: LIMIT_DELETE_UNUSED keeps a row while its scope
-    has any); NULL: none. The second term of ``level_head``."""
-    return f"""(SELECT min(hg.vtime)
-           FROM (SELECT DISTINCT hl.tenant FROM pgqueue_limit hl WHERE hl.tenant <> '') ht
-          CROSS JOIN LATERAL (
-                SELECT g.vtime FROM pgqueue_job g
-                 WHERE g.queue = {queue} AND g.tenant = ht.tenant
-                   AND g.priority = {priority} AND g.status = 'queued' AND g.gated
-                 ORDER BY g.priority DESC, g.vtime LIMIT 1) hg)"""
-
-
-def clock_head(queue: str, priority: str) -> str:
-    """SQL: the largest clock of the level (NULL: none); a backward scan of one tuple of
-    pgqueue_fair_clock_level. The third term of ``level_head``."""
-    return f"""(SELECT max(hc.vtime) FROM pgqueue_fair_clock hc
-          WHERE hc.queue = {queue} AND hc.priority = {priority})"""
-
-
-def tenant_weight(tenant: str, queue: str) -> str:
-    """SQL for a tenant's weight in a queue: the queue's override, else the tenant's weight.
-
-    A tenant created by the same statement is not visible to it yet; it has weight 1.
-    """
-    return f"""COALESCE(
-        (SELECT qw.weight FROM pgqueue_queue_weight qw
-          WHERE qw.tenant = {tenant} AND qw.queue = {queue}),
-        (SELECT t.weight FROM pgqueue_tenant t WHERE t.name = {tenant}),
-        1.0)"""
-
-
-def job_vtime(start: str, rank: str, weight: str) -> str:
-    """SQL for the vtime of the ``rank``-th (1-based) job of a group starting at ``start``.
-
-    ``%(fifo)s`` is bound by every statement that assigns vtimes (see ``fifo_param``).
-    """
-    return (
-        f"CASE WHEN %(fifo)s THEN extract(epoch FROM now())::float8 "
-        f"ELSE {start} + {rank} / {weight} END"
-    )
-
-
 def fifo_param() -> bool:
     """The value of ``%(fifo)s``: whether the configured ordering is FIFO."""
     return pgqueue_settings.ORDERING == "fifo"
@@ -142,21 +72,6 @@ def fifo_param() -> bool:
 def by_time() -> bool:
     """Whether jobs are charged their run time (``FAIRNESS = "time"``) rather than 1."""
     return pgqueue_settings.FAIRNESS == "time"
-
-
-def run_time_charge(task: str) -> str:
-    """SQL for the seconds a job of ``task`` (an SQL expression) is charged when it becomes
-    runnable: its task's mean run time, at least ``%(charge_min)s``; ``%(charge_default)s``
-    while the task has no folded attempt (see ``charge_params``).
-
-    Every outcome counts: a failed attempt held a slot as long as a successful one. The
-    rows of one task in pgqueue_task_stat are at most outcomes x run-time buckets (a few
-    dozen), read from pgqueue_task_stat_uniq (task first).
-    """
-    return f"""GREATEST(%(charge_min)s::float8, COALESCE(
-        (SELECT sum(ts.seconds) / NULLIF(sum(ts.count), 0) FROM pgqueue_task_stat ts
-          WHERE ts.task = {task}),
-        %(charge_default)s::float8))"""
 
 
 def charge_params() -> dict[str, float]:
@@ -168,7 +83,7 @@ def charge_params() -> dict[str, float]:
 
 
 def statement(by_jobs: str, by_time_: str, params: dict[str, Any]) -> str:
-    """The statement of the configured fairness, of a pair of sql.py's (X, X_BY_TIME).
+    """The statement of the configured fairness, of a pair (X, X_BY_TIME) of pgqueue.sql's.
 
     By time, ``params`` gains the charge's parameters (``charge_params``); by jobs it is
     left as it is, so the statement and its parameters are exactly those of ``"jobs"``.
@@ -177,9 +92,3 @@ def statement(by_jobs: str, by_time_: str, params: dict[str, Any]) -> str:
         return by_jobs
     params.update(charge_params())
     return by_time_
-
-
-def charge_units(by_time: bool, count: str, charge: str) -> str:
-    """SQL for what ``count`` jobs of one charge cost in clock units (before the weight):
-    the count itself by jobs, ``count`` times the ``charge`` by time."""
-    return f"({count} * {charge})" if by_time else count

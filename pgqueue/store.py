@@ -41,7 +41,7 @@ def _ids(rows: Iterable[Sequence[Any]]) -> list[int]:
 
 class NewJob(NamedTuple):
     """What the enqueue statements return of each new job; all but the id only when the
-    statement enqueued one job (see ``sql._enqueued``)."""
+    statement enqueued one job (see JOB_ENQUEUE in queries/enqueue.sql)."""
 
     id: int
     run_at: dt.datetime | None

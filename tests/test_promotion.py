@@ -18,7 +18,7 @@ from django.db import connection, transaction
 import pgqueue
 from pgqueue import sql, store
 from pgqueue.conf import pgqueue_settings
-from pgqueue.fairness import fifo_param, job_vtime, level_head, tenant_weight
+from pgqueue.fairness import fifo_param
 from pgqueue.models import FairClock, Job
 from pgqueue.worker.connection import connect, connect_params
 from tests.conftest import later
@@ -48,8 +48,25 @@ ranked AS (
 ),
 step AS (
     SELECT k.id, count(*) AS n,
-           {tenant_weight("k.tenant", "k.queue")} AS w,
-           {level_head("k.queue", "k.priority")} AS h
+           COALESCE((SELECT qw.weight FROM pgqueue_queue_weight qw
+                      WHERE qw.tenant = k.tenant AND qw.queue = k.queue),
+                    (SELECT t.weight FROM pgqueue_tenant t WHERE t.name = k.tenant),
+                    1.0) AS w,
+           COALESCE((SELECT hj.vtime FROM pgqueue_job hj
+                      WHERE hj.queue = k.queue AND hj.priority = k.priority
+                        AND hj.status = 'queued' AND NOT hj.gated
+                      ORDER BY hj.vtime LIMIT 1),
+                    (SELECT min(hg.vtime)
+                       FROM (SELECT DISTINCT hl.tenant FROM pgqueue_limit hl
+                              WHERE hl.tenant <> '') ht
+                      CROSS JOIN LATERAL (
+                            SELECT g.vtime FROM pgqueue_job g
+                             WHERE g.queue = k.queue AND g.tenant = ht.tenant
+                               AND g.priority = k.priority AND g.status = 'queued' AND g.gated
+                             ORDER BY g.priority DESC, g.vtime LIMIT 1) hg),
+                    (SELECT max(hc.vtime) FROM pgqueue_fair_clock hc
+                      WHERE hc.queue = k.queue AND hc.priority = k.priority),
+                    0.0) AS h
       FROM clock k JOIN ranked r ON r.clock_id = k.id
      GROUP BY k.id, k.queue, k.tenant, k.priority
 ),
@@ -62,7 +79,9 @@ bump AS (
 ),
 promoted AS (
     UPDATE pgqueue_job j
-       SET status = 'queued', vtime = {job_vtime("b.start", "r.rank", "b.w")}
+       SET status = 'queued',
+           vtime = CASE WHEN %(fifo)s THEN extract(epoch FROM now())::float8
+                        ELSE b.start + r.rank / b.w END
       FROM ranked r JOIN bump b ON b.id = r.clock_id
      WHERE j.id = r.id
     RETURNING j.id, j.queue

@@ -1,0 +1,562 @@
+-- A job's life after its claim: outcomes, heartbeats, leases given back or reaped,
+-- cancellation, retry, and the reads of its status.
+-- Each statement is written here whole, as PostgreSQL runs it; values are parameters
+-- (%(name)s). A header says what a statement does and why, what it locks, which indexes
+-- serve it and who calls it; pgqueue/sql.py states the conventions they share.
+
+
+-- name: JOB_COMPLETE_MANY
+-- Record successes for jobs this worker holds, one attempt row each, all stamped %(now)s.
+-- Fenced: a job whose lease was lost (reaped, or claimed again by anyone, this worker
+-- included) does not match and is not returned; nor does one whose cancellation was
+-- requested (JOB_CANCEL_REQUEST_MANY committed first): the worker then records it
+-- cancelled (JOB_CANCEL_CONFIRM_MANY).
+-- Gives back the limit rows the jobs were counted in (the uncount CTEs).
+-- Each job's attempt and result are read from the input arrays at its id's position
+-- (array_position, in C), not by joining the jobs to the arrays' unnest: a generic plan,
+-- expecting one job, joins those by a nested loop that compares every job with every
+-- input (1,600 join-filter rows for 40 completions).
+-- Locks: the matched job rows, then their limit rows in id order (waiting), until the
+--   worker's transaction commits, at once.
+-- Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease;
+--   pgqueue_limit_pkey.
+-- Called by: claim_store.turn, in a worker's turn after LIMIT_LOCK_TURN (which holds the
+--   job rows and limit rows already); store.complete_many (the recorder's batches).
+WITH
+done AS (
+    UPDATE pgqueue_job j
+       SET status = 'done', result = (%(results)s::text[])[array_position(%(ids)s::bigint[], j.id)]::jsonb,
+           started_at = GREATEST(j.claimed_at, (%(started)s::timestamptz[])[array_position(%(ids)s::bigint[], j.id)]),
+           finished_at = COALESCE((%(finished)s::timestamptz[])[array_position(%(ids)s::bigint[], j.id)], COALESCE(%(now)s::timestamptz, now())),
+           lease_expires_at = NULL
+     WHERE j.id = ANY(%(ids)s::bigint[])  -- by id: a pgqueue_job_pkey lookup in any plan
+       AND j.attempts = (%(attempts)s::int[])[array_position(%(ids)s::bigint[], j.id)]
+       AND j.status = 'running' AND j.lease_owner = %(worker)s
+       AND j.cancel_requested_at IS NULL  -- a cancel request committed first wins
+    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, j.finished_at, j.limit_ids
+),
+done_history AS (
+    INSERT INTO pgqueue_job_attempt
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome)
+    SELECT id, attempts, %(worker)s, claimed_at, started_at, finished_at, 'done' FROM done
+),
+uncount_n AS MATERIALIZED (
+    SELECT u.lid, count(*) AS n
+      FROM done r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid)
+     WHERE r.limit_ids IS NOT NULL
+     GROUP BY u.lid
+),
+uncount_lock AS MATERIALIZED (
+    SELECT l.id, u.n FROM pgqueue_limit l JOIN uncount_n u ON u.lid = l.id
+     WHERE l.id = ANY(ARRAY(SELECT lid FROM uncount_n))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+     ORDER BY l.id FOR UPDATE OF l
+),
+uncounted AS (
+    UPDATE pgqueue_limit l SET running = GREATEST(l.running - k.n, 0)
+      FROM uncount_lock k
+     WHERE l.id = k.id AND l.id = ANY(ARRAY(SELECT id FROM uncount_lock))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+)
+SELECT id FROM done
+
+
+-- name: JOB_FAIL_MANY
+-- Gives back the jobs' limit rows (uncount_lock; locked in id order, waiting, after the jobs).
+-- Record failures for jobs this worker holds. Out of attempts, or a permanent error, means
+-- dead; otherwise back to scheduled with full-jitter exponential backoff from %(now)s,
+-- outside the claim index until JOB_PROMOTE_DUE gives it a fresh vtime. Fenced like
+-- JOB_COMPLETE_MANY (a cancel request committed first wins here too). Writes one attempt
+-- row per job with the error and traceback. A timeout the worker enforces is recorded
+-- here too, as a failure whose error says "timed out after N s".
+-- Locks: the matched job rows, until the worker's transaction commits, at once.
+-- Index: pgqueue_job_pkey (PK lookups); the rows move from pgqueue_job_lease to
+--   pgqueue_job_scheduled.
+-- Called by: store.fail_many, from the worker runtime (with JOB_COMPLETE_MANY and
+--   JOB_CLAIM, in one transaction).
+WITH input AS (
+    SELECT i.*, COALESCE(i.finished, COALESCE(%(now)s::timestamptz, now())) AS ended
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[],
+                  %(tracebacks)s::text[], %(permanent)s::bool[], %(started)s::timestamptz[],
+                  %(finished)s::timestamptz[])
+        AS i(id, attempt, error, tb, permanent, started, finished)
+),
+failed AS (
+    UPDATE pgqueue_job j
+       SET status = CASE WHEN (i.permanent OR j.attempts >= j.max_attempts) THEN 'dead' ELSE 'scheduled' END,
+           run_at = CASE WHEN (i.permanent OR j.attempts >= j.max_attempts) THEN j.run_at
+                         ELSE COALESCE(%(now)s::timestamptz, now()) + random() * LEAST(%(backoff_cap)s::float8, %(backoff_base)s::float8 * power(2.0, GREATEST(j.attempts - 1, 0)))
+                              * interval '1 second' END,
+           finished_at = CASE WHEN (i.permanent OR j.attempts >= j.max_attempts) THEN i.ended END,
+           started_at = GREATEST(j.claimed_at, i.started),
+           last_error = i.error,
+           lease_expires_at = NULL
+      FROM input i
+     WHERE j.id = i.id AND j.attempts = i.attempt
+       AND j.status = 'running' AND j.lease_owner = %(worker)s
+       AND j.cancel_requested_at IS NULL  -- a cancel request committed first wins
+    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, i.ended, j.status, j.run_at,
+              i.error, i.tb, j.limit_ids
+),
+uncount_n AS MATERIALIZED (
+    SELECT u.lid, count(*) AS n
+      FROM failed r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid)
+     WHERE r.limit_ids IS NOT NULL
+     GROUP BY u.lid
+),
+uncount_lock AS MATERIALIZED (
+    SELECT l.id, u.n FROM pgqueue_limit l JOIN uncount_n u ON u.lid = l.id
+     WHERE l.id = ANY(ARRAY(SELECT lid FROM uncount_n))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+     ORDER BY l.id FOR UPDATE OF l
+),
+uncounted AS (
+    UPDATE pgqueue_limit l SET running = GREATEST(l.running - k.n, 0)
+      FROM uncount_lock k
+     WHERE l.id = k.id AND l.id = ANY(ARRAY(SELECT id FROM uncount_lock))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+),
+history AS (
+    INSERT INTO pgqueue_job_attempt
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error,
+            traceback)
+    SELECT id, attempts, %(worker)s, claimed_at, started_at, ended, 'failed', error, tb
+      FROM failed
+)
+SELECT id, status, run_at FROM failed
+
+
+-- name: JOB_HEARTBEAT_MANY
+-- Extend the leases of every job a worker holds to %(now)s + %(lease)s seconds, in one
+-- statement, and mark the worker seen. Fenced: a job not returned was lost (reaped and
+-- possibly claimed again) and its handler must not record a result. Each job returned
+-- says whether its cancellation was requested (JOB_CANCEL_REQUEST_MANY): how the worker
+-- learns it within a heartbeat when the notification was missed. A job whose handler has
+-- begun gets its started_at (%(started)s; NULL for one waiting for a thread), so a
+-- running job shows when it started before its outcome is recorded.
+-- Locks: the matched job rows and the worker's registry row, until the caller's
+--   transaction ends (autocommit: at once).
+-- Indexes: pgqueue_job_pkey (PK lookups; pgqueue_job_lease is updated), pgqueue_worker_pkey.
+-- Called by: store.heartbeat_many, from the worker runtime's heartbeat thread every lease/3.
+WITH seen AS (UPDATE pgqueue_worker SET last_seen_at = COALESCE(%(now)s::timestamptz, now()) WHERE id = %(worker)s)
+UPDATE pgqueue_job j
+   SET lease_expires_at = COALESCE(%(now)s::timestamptz, now()) + %(lease)s * interval '1 second',
+       started_at = COALESCE(j.started_at, CASE WHEN i.started IS NOT NULL THEN GREATEST(j.claimed_at, i.started) END)
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(started)s::timestamptz[])
+           AS i(id, attempt, started)
+ WHERE j.id = i.id AND j.attempts = i.attempt
+   AND j.status = 'running' AND j.lease_owner = %(worker)s
+RETURNING j.id, j.cancel_requested_at IS NOT NULL
+
+
+-- name: JOB_RELEASE_MANY
+-- Gives back the jobs' limit rows (the uncount CTEs) and gates a job again if a limit applies.
+-- Give back jobs a stopping worker claimed but never started: queued again with their old
+-- vtime (they keep their place) and the attempt not counted. Fenced like a completion.
+-- Notifies their queues so another worker takes them at once.
+-- Locks: the matched job rows, until the caller's transaction ends (autocommit: at once).
+-- Index: pgqueue_job_pkey (PK lookups); the rows move from pgqueue_job_lease back to
+--   pgqueue_job_claim.
+-- Called by: store.release_many, from the worker runtime when it stops.
+WITH released AS (
+    UPDATE pgqueue_job j
+       SET status = 'queued', attempts = j.attempts - 1, lease_owner = NULL,
+           lease_expires_at = NULL, claimed_at = NULL, started_at = NULL,
+           gated = EXISTS (
+        SELECT 1 FROM pgqueue_limit gl
+         WHERE gl.tenant = j.tenant AND gl.queue IN ('', j.queue) AND (gl.max_running IS NOT NULL OR gl.rate_count IS NOT NULL OR gl.paused))
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
+     WHERE j.id = i.id AND j.attempts = i.attempt
+       AND j.status = 'running' AND j.lease_owner = %(worker)s
+    RETURNING j.id, j.queue, j.limit_ids
+),
+uncount_n AS MATERIALIZED (
+    SELECT u.lid, count(*) AS n
+      FROM released r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid)
+     WHERE r.limit_ids IS NOT NULL
+     GROUP BY u.lid
+),
+uncount_lock AS MATERIALIZED (
+    SELECT l.id, u.n FROM pgqueue_limit l JOIN uncount_n u ON u.lid = l.id
+     WHERE l.id = ANY(ARRAY(SELECT lid FROM uncount_n))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+     ORDER BY l.id FOR UPDATE OF l
+),
+uncounted AS (
+    UPDATE pgqueue_limit l SET running = GREATEST(l.running - k.n, 0)
+      FROM uncount_lock k
+     WHERE l.id = k.id AND l.id = ANY(ARRAY(SELECT id FROM uncount_lock))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+)
+SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM released
+
+
+-- name: JOB_GIVE_BACK_MANY
+-- Gives back the jobs' limit rows (the uncount CTEs) and gates a job again if a limit applies.
+-- Give back jobs a worker claimed and cannot run (it has no handler for their task): the
+-- attempt is not counted, as in JOB_RELEASE_MANY, and the job waits %(delay)s seconds in
+-- 'scheduled' (a fresh fair vtime when promoted, as after a backoff) so that the workers
+-- without the task do not take it again at once, over and over, while one that has it
+-- can. With a delay of 0 it is queued again at once with its old vtime, exactly a release.
+-- Fenced like a completion. Notifies the queues of the jobs queued again.
+-- Locks: the matched job rows, until the caller's transaction ends (autocommit: at once).
+-- Index: pgqueue_job_pkey (PK lookups); the rows move from pgqueue_job_lease to
+--   pgqueue_job_scheduled (or, with no delay, pgqueue_job_claim).
+-- Called by: store.give_back_many, from the worker runtime when it claims a job of a task
+--   it does not have.
+WITH given AS (
+    UPDATE pgqueue_job j
+       SET status = CASE WHEN %(delay)s::float8 > 0 THEN 'scheduled' ELSE 'queued' END,
+           run_at = CASE WHEN %(delay)s::float8 > 0
+                         THEN COALESCE(%(now)s::timestamptz, now()) + %(delay)s::float8 * interval '1 second'
+                         ELSE j.run_at END,
+           attempts = j.attempts - 1, lease_owner = NULL, lease_expires_at = NULL,
+           claimed_at = NULL, started_at = NULL, gated = EXISTS (
+        SELECT 1 FROM pgqueue_limit gl
+         WHERE gl.tenant = j.tenant AND gl.queue IN ('', j.queue) AND (gl.max_running IS NOT NULL OR gl.rate_count IS NOT NULL OR gl.paused))
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempt)
+     WHERE j.id = i.id AND j.attempts = i.attempt
+       AND j.status = 'running' AND j.lease_owner = %(worker)s
+    RETURNING j.id, j.queue, j.status, j.limit_ids
+),
+uncount_n AS MATERIALIZED (
+    SELECT u.lid, count(*) AS n
+      FROM given r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid)
+     WHERE r.limit_ids IS NOT NULL
+     GROUP BY u.lid
+),
+uncount_lock AS MATERIALIZED (
+    SELECT l.id, u.n FROM pgqueue_limit l JOIN uncount_n u ON u.lid = l.id
+     WHERE l.id = ANY(ARRAY(SELECT lid FROM uncount_n))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+     ORDER BY l.id FOR UPDATE OF l
+),
+uncounted AS (
+    UPDATE pgqueue_limit l SET running = GREATEST(l.running - k.n, 0)
+      FROM uncount_lock k
+     WHERE l.id = k.id AND l.id = ANY(ARRAY(SELECT id FROM uncount_lock))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+)
+SELECT id, CASE WHEN status = 'queued' THEN pg_notify(%(channel)s, queue) END IS NULL
+  FROM given
+
+
+-- name: JOB_REAP_EXPIRED
+-- Recover jobs whose lease ran out before %(now)s (their worker died or stalled). Whether
+-- an attempt is spent depends on whether the job's start was recorded: a worker writes
+-- the start of a running job to its row at its next heartbeat round, within about a
+-- second of it (JOB_HEARTBEAT_MANY), or with its outcome. So, per job:
+-- - its start was recorded: the expiry counts as an attempt: back to scheduled with
+--   backoff, or dead when none are left, so a job that crashes every worker ends dead;
+-- - it was not (a job claimed ahead that never started, whose worker a neighbour's
+--   handler crashed or stalled, or one that began less than about a second before its
+--   worker was lost): the job is given back as JOB_RELEASE_MANY gives one back, queued
+--   again at once with its old vtime (its place in line, its tenant's fair clock not
+--   charged again), gated again if a limit applies, its queue notified, and the attempt
+--   not counted (attempts back to what they were before the claim). Such losses are
+--   counted in lost_claims instead; the one that brings it to %(max_lost_claims)s
+--   (PGQUEUE["MAX_LOST_CLAIMS"]) makes the job dead, so a handler that ends its process
+--   before its start is recorded cannot loop for ever.
+-- Either way one attempt row, outcome 'lease_expired', numbered as the claim was, with
+-- the job's started_at: NULL marks a claim given back uncounted, and the attempt that
+-- follows has the same number.
+-- Gives back the reaped jobs' limit rows (the uncount CTEs): a crashed worker's slots come back.
+-- Locks: the expired rows, FOR UPDATE SKIP LOCKED (a row a late completion holds is left
+--   for the next run), until maintenance's transaction ends; their limit rows, in id order.
+-- Index: pgqueue_job_lease, in expiry order; for a job given back, pgqueue_limit_scope
+--   (as enqueue does).
+-- Called by: store.reap_expired, from maintenance (one worker at a time).
+WITH expired AS MATERIALIZED (
+    SELECT id, lease_owner, attempts, claimed_at, started_at,
+           started_at IS NULL AS lost,
+           CASE WHEN started_at IS NOT NULL THEN attempts >= max_attempts
+                ELSE lost_claims + 1 >= %(max_lost_claims)s::int END AS out
+      FROM pgqueue_job
+     WHERE status = 'running' AND lease_expires_at < COALESCE(%(now)s::timestamptz, now())
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+reaped AS (
+    UPDATE pgqueue_job j
+       SET status = CASE WHEN e.out THEN 'dead' WHEN e.lost THEN 'queued' ELSE 'scheduled' END,
+           run_at = CASE WHEN e.out OR e.lost THEN j.run_at
+                         ELSE COALESCE(%(now)s::timestamptz, now()) + random() * LEAST(%(backoff_cap)s::float8, %(backoff_base)s::float8 * power(2.0, GREATEST(j.attempts - 1, 0)))
+                              * interval '1 second' END,
+           finished_at = CASE WHEN e.out THEN COALESCE(%(now)s::timestamptz, now()) END,
+           attempts = j.attempts - e.lost::int,
+           lost_claims = j.lost_claims + e.lost::int,
+           lease_owner = CASE WHEN e.lost THEN NULL ELSE j.lease_owner END,
+           claimed_at = CASE WHEN e.lost THEN NULL ELSE j.claimed_at END,
+           gated = CASE WHEN e.lost AND NOT e.out THEN EXISTS (
+        SELECT 1 FROM pgqueue_limit gl
+         WHERE gl.tenant = j.tenant AND gl.queue IN ('', j.queue) AND (gl.max_running IS NOT NULL OR gl.rate_count IS NOT NULL OR gl.paused))
+                        ELSE j.gated END,
+           last_error = CASE
+               WHEN NOT e.lost THEN
+                    'lease expired: worker ' || e.lease_owner
+                    || ' stopped renewing it (attempt ' || j.attempts || ')'
+               WHEN e.out THEN
+                    'lease expired: its worker was lost ' || j.lost_claims + 1
+                    || ' times before its start was recorded (MAX_LOST_CLAIMS = '
+                    || %(max_lost_claims)s::int || '); the last, ' || e.lease_owner
+                    || ', stopped renewing it'
+               ELSE 'lease expired: worker ' || e.lease_owner
+                    || ' stopped renewing it before its start was recorded; given back'
+                    || ' without spending an attempt (lost claim ' || j.lost_claims + 1
+                    || ' of MAX_LOST_CLAIMS = ' || %(max_lost_claims)s::int || ')' END,
+           lease_expires_at = NULL
+      FROM expired e
+     WHERE j.id = e.id
+    RETURNING j.id, j.queue, j.status, j.last_error, j.limit_ids
+),
+uncount_n AS MATERIALIZED (
+    SELECT u.lid, count(*) AS n
+      FROM reaped r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid)
+     WHERE r.limit_ids IS NOT NULL
+     GROUP BY u.lid
+),
+uncount_lock AS MATERIALIZED (
+    SELECT l.id, u.n FROM pgqueue_limit l JOIN uncount_n u ON u.lid = l.id
+     WHERE l.id = ANY(ARRAY(SELECT lid FROM uncount_n))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+     ORDER BY l.id FOR UPDATE OF l
+),
+uncounted AS (
+    UPDATE pgqueue_limit l SET running = GREATEST(l.running - k.n, 0)
+      FROM uncount_lock k
+     WHERE l.id = k.id AND l.id = ANY(ARRAY(SELECT id FROM uncount_lock))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+),
+history AS (
+    INSERT INTO pgqueue_job_attempt
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error)
+    SELECT r.id, e.attempts, e.lease_owner, e.claimed_at, e.started_at, COALESCE(%(now)s::timestamptz, now()),
+           'lease_expired', r.last_error
+      FROM reaped r JOIN expired e ON e.id = r.id
+)
+SELECT id, status, CASE WHEN status = 'queued' THEN pg_notify(%(channel)s, queue) END IS NULL
+  FROM reaped
+
+
+-- name: JOB_CANCEL_MANY
+-- Cancel scheduled or queued jobs. A job being claimed at this instant is locked by the
+-- claim; the UPDATE waits for it, re-checks the status and skips it (it is running now).
+-- Locks: the matched rows, until the operator action's transaction ends.
+-- Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_claim /
+--   pgqueue_job_scheduled.
+-- Called by: store.cancel_many, from services.cancel_jobs (admin, HTTP API, Python API).
+UPDATE pgqueue_job
+   SET status = 'cancelled', finished_at = now()
+ WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('scheduled', 'queued')
+RETURNING id
+
+
+-- name: JOB_CANCEL_REQUEST_MANY
+-- Ask running jobs to stop: stamp cancel_requested_at (the first request's time is kept,
+-- so a second request changes nothing) and notify each holding worker on the wake-up
+-- channel with the payload 'cancel:<worker id>' (a queue name cannot hold ':'), so that it
+-- learns it at once rather than at its next heartbeat. PostgreSQL folds identical
+-- notifications of one transaction into one. A job that completed first is no longer
+-- running and is not matched (the caller reports its status).
+-- Locks: the matched rows, until the operator action's transaction ends; a row being
+--   completed is waited for and re-checked (READ COMMITTED), never both.
+-- Index: pgqueue_job_pkey (PK lookups).
+-- Called by: store.request_cancel_many (pgqueue.stop_store), from services.cancel_jobs
+--   (admin, HTTP API, Python API, CLI), after JOB_CANCEL_MANY in the same transaction.
+WITH asked AS (
+    UPDATE pgqueue_job
+       SET cancel_requested_at = COALESCE(cancel_requested_at, now())
+     WHERE id = ANY(%(ids)s::bigint[]) AND status = 'running'
+    RETURNING id, lease_owner
+)
+SELECT id, pg_notify(%(channel)s, 'cancel:' || lease_owner) IS NULL FROM asked
+
+
+-- name: JOB_CANCEL_CONFIRM_MANY
+-- The worker holding jobs whose cancellation was requested ends their attempt: status
+-- 'cancelled', one attempt row each with outcome 'cancelled', all stamped %(now)s (and the
+-- handler's start, %(started)s, when it had begun). Fenced
+-- like a completion (owner, attempt, running) and on the request itself: a job not
+-- returned had been recorded (its completion committed before the request) or lost.
+-- Whatever the handler returns afterwards is discarded (its completion no longer matches).
+-- Gives back the jobs' limit rows (the uncount CTEs), as every exit from running does.
+-- Locks: the matched job rows, until the worker's transaction commits, at once.
+-- Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease.
+-- Called by: stop_store.confirm_cancel_many, from the worker (worker/stops.py) when a
+--   heartbeat or a notification tells it, and for outcomes the cancel fence refused.
+WITH stopped AS (
+    UPDATE pgqueue_job j
+       SET status = 'cancelled', finished_at = COALESCE(%(now)s::timestamptz, now()), lease_expires_at = NULL,
+           started_at = COALESCE(CASE WHEN i.started IS NOT NULL THEN GREATEST(j.claimed_at, i.started) END, j.started_at)
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(started)s::timestamptz[])
+           AS i(id, attempt, started)
+     WHERE j.id = i.id AND j.attempts = i.attempt
+       AND j.status = 'running' AND j.lease_owner = %(worker)s
+       AND j.cancel_requested_at IS NOT NULL
+    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, j.limit_ids
+),
+uncount_n AS MATERIALIZED (
+    SELECT u.lid, count(*) AS n
+      FROM stopped r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid)
+     WHERE r.limit_ids IS NOT NULL
+     GROUP BY u.lid
+),
+uncount_lock AS MATERIALIZED (
+    SELECT l.id, u.n FROM pgqueue_limit l JOIN uncount_n u ON u.lid = l.id
+     WHERE l.id = ANY(ARRAY(SELECT lid FROM uncount_n))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+     ORDER BY l.id FOR UPDATE OF l
+),
+uncounted AS (
+    UPDATE pgqueue_limit l SET running = GREATEST(l.running - k.n, 0)
+      FROM uncount_lock k
+     WHERE l.id = k.id AND l.id = ANY(ARRAY(SELECT id FROM uncount_lock))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+),
+history AS (
+    INSERT INTO pgqueue_job_attempt
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error)
+    SELECT id, attempts, %(worker)s, claimed_at, started_at, COALESCE(%(now)s::timestamptz, now()), 'cancelled',
+           'cancelled on request'
+      FROM stopped
+)
+SELECT id FROM stopped
+
+
+-- name: JOB_REAP_CANCELLED
+-- Maintenance ends the running jobs asked to stop whose lease ran out before %(now)s (the
+-- worker died, or was of a release that does not know cancel requests): 'cancelled', one
+-- attempt row each with outcome 'cancelled'. Runs before JOB_REAP_EXPIRED, which would
+-- otherwise schedule them for another attempt.
+-- Gives back the jobs' limit rows (the uncount CTEs), as every exit from running does.
+-- Locks: the rows, FOR UPDATE SKIP LOCKED (a row a late outcome holds is left for the next
+--   run), until maintenance's transaction ends.
+-- Index: pgqueue_job_lease (running jobs by lease expiry; as many rows as run at once).
+-- Called by: stop_store.reap_cancelled, from maintenance (one worker at a time).
+WITH expired AS MATERIALIZED (
+    SELECT id, lease_owner FROM pgqueue_job
+     WHERE status = 'running' AND lease_expires_at < COALESCE(%(now)s::timestamptz, now())
+       AND cancel_requested_at IS NOT NULL
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+stopped AS (
+    UPDATE pgqueue_job j
+       SET status = 'cancelled', finished_at = COALESCE(%(now)s::timestamptz, now()), lease_expires_at = NULL
+      FROM expired e
+     WHERE j.id = e.id
+    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, e.lease_owner, j.limit_ids
+),
+uncount_n AS MATERIALIZED (
+    SELECT u.lid, count(*) AS n
+      FROM stopped r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid)
+     WHERE r.limit_ids IS NOT NULL
+     GROUP BY u.lid
+),
+uncount_lock AS MATERIALIZED (
+    SELECT l.id, u.n FROM pgqueue_limit l JOIN uncount_n u ON u.lid = l.id
+     WHERE l.id = ANY(ARRAY(SELECT lid FROM uncount_n))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+     ORDER BY l.id FOR UPDATE OF l
+),
+uncounted AS (
+    UPDATE pgqueue_limit l SET running = GREATEST(l.running - k.n, 0)
+      FROM uncount_lock k
+     WHERE l.id = k.id AND l.id = ANY(ARRAY(SELECT id FROM uncount_lock))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+),
+history AS (
+    INSERT INTO pgqueue_job_attempt
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error)
+    SELECT id, attempts, lease_owner, claimed_at, started_at, COALESCE(%(now)s::timestamptz, now()), 'cancelled',
+           'cancelled on request (the lease ran out before the worker recorded it)'
+      FROM stopped
+)
+SELECT id FROM stopped
+
+
+-- name: JOB_REAP_TIMED_OUT
+-- The backstop of timeouts: a running job still held %(grace)s seconds past its deadline
+-- (started_at + timeout_seconds: from its handler's start, which the worker's heartbeat
+-- writes; a job whose start is not known has no deadline here) was not recorded by its
+-- worker (one of a release that does not enforce timeouts, or stuck while its heartbeats
+-- go on). It
+-- fails as the worker would have failed it: "timed out after N s", scheduled again with
+-- backoff or dead when out of attempts, one 'failed' attempt row. The worker's late
+-- outcome is fenced out (the job is no longer running). Jobs asked to stop are left to the
+-- cancel path.
+-- Gives back the jobs' limit rows (the uncount CTEs), as every exit from running does.
+-- Locks: the rows, FOR UPDATE SKIP LOCKED, until maintenance's transaction ends.
+-- Index: pgqueue_job_lease (a scan of the running jobs only: as many as run at once).
+-- Called by: stop_store.reap_timed_out, from maintenance (one worker at a time).
+WITH late AS MATERIALIZED (
+    SELECT id, lease_owner,
+           'timed out after ' || trim_scale(timeout_seconds::numeric) || ' s' AS error
+      FROM pgqueue_job
+     WHERE status = 'running' AND timeout_seconds IS NOT NULL
+       AND cancel_requested_at IS NULL
+       AND started_at IS NOT NULL
+       AND started_at + (timeout_seconds + %(grace)s) * interval '1 second' < COALESCE(%(now)s::timestamptz, now())
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+failed AS (
+    UPDATE pgqueue_job j
+       SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END,
+           run_at = CASE WHEN j.attempts >= j.max_attempts THEN j.run_at
+                         ELSE COALESCE(%(now)s::timestamptz, now()) + random() * LEAST(%(backoff_cap)s::float8, %(backoff_base)s::float8 * power(2.0, GREATEST(j.attempts - 1, 0)))
+                              * interval '1 second' END,
+           finished_at = CASE WHEN j.attempts >= j.max_attempts THEN COALESCE(%(now)s::timestamptz, now()) END,
+           last_error = l.error, lease_expires_at = NULL
+      FROM late l
+     WHERE j.id = l.id
+    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, j.status, l.error,
+              l.lease_owner, j.limit_ids
+),
+uncount_n AS MATERIALIZED (
+    SELECT u.lid, count(*) AS n
+      FROM failed r CROSS JOIN LATERAL unnest(r.limit_ids) AS u(lid)
+     WHERE r.limit_ids IS NOT NULL
+     GROUP BY u.lid
+),
+uncount_lock AS MATERIALIZED (
+    SELECT l.id, u.n FROM pgqueue_limit l JOIN uncount_n u ON u.lid = l.id
+     WHERE l.id = ANY(ARRAY(SELECT lid FROM uncount_n))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+     ORDER BY l.id FOR UPDATE OF l
+),
+uncounted AS (
+    UPDATE pgqueue_limit l SET running = GREATEST(l.running - k.n, 0)
+      FROM uncount_lock k
+     WHERE l.id = k.id AND l.id = ANY(ARRAY(SELECT id FROM uncount_lock))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+),
+history AS (
+    INSERT INTO pgqueue_job_attempt
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error)
+    SELECT id, attempts, lease_owner, claimed_at, started_at, COALESCE(%(now)s::timestamptz, now()), 'failed', error
+      FROM failed
+)
+SELECT id, status FROM failed
+
+
+-- name: JOB_RETRY_MANY
+-- Send dead or cancelled jobs back: attempts, and leases lost before a start was recorded
+-- (lost_claims, see JOB_REAP_EXPIRED), start again from 0 (history is kept), a cancel
+-- request is forgotten, and the job waits in scheduled until its run_at; the caller
+-- then runs JOB_PROMOTE_MANY in the same transaction for those already due (the ``due``
+-- column), which gives them a fresh fair vtime.
+-- Locks: the matched rows, until the operator action's transaction ends.
+-- Index: pgqueue_job_pkey (PK lookups); the rows join pgqueue_job_scheduled.
+-- Called by: store.retry_many, from services.retry_jobs (admin, HTTP API, Python API).
+UPDATE pgqueue_job
+   SET status = 'scheduled', attempts = 0, lost_claims = 0, vtime = NULL, result = NULL,
+       run_at = GREATEST(run_at, now()), lease_owner = NULL, lease_expires_at = NULL,
+       claimed_at = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL
+ WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('dead', 'cancelled')
+RETURNING id, run_at <= now() AS due
+
+
+-- name: JOB_MAKE_DUE_MANY
+-- Make scheduled jobs due now ("run now"); the caller runs JOB_PROMOTE_MANY next.
+-- Locks: the matched rows, until the operator action's transaction ends.
+-- Index: pgqueue_job_pkey (PK lookups).
+-- Called by: store.run_now_many, from services.run_jobs_now (the admin's action).
+UPDATE pgqueue_job SET run_at = now()
+ WHERE id = ANY(%(ids)s::bigint[]) AND status = 'scheduled'
+RETURNING id
+
+
+-- name: JOB_GET_STATUS_MANY
+-- Current status of jobs, to explain why an operation skipped them.
+-- Locks: none (a plain read).
+-- Index: pgqueue_job_pkey (PK lookups).
+-- Called by: store.statuses, from the services' operator actions (cancel, retry, run now).
+SELECT id, status FROM pgqueue_job WHERE id = ANY(%(ids)s::bigint[])

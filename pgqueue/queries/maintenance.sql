@@ -1,0 +1,322 @@
+-- Maintenance and operator statements: weights, the maintenance lock, workers, task
+-- statistics, periodic jobs and the pruning of finished jobs.
+-- Each statement is written here whole, as PostgreSQL runs it; values are parameters
+-- (%(name)s). A header says what a statement does and why, what it locks, which indexes
+-- serve it and who calls it; pgqueue/sql.py states the conventions they share.
+
+
+-- name: TENANT_WEIGHT_SET
+-- Create or update a tenant's weight in every queue. Takes effect for jobs that become
+-- runnable afterwards.
+-- Locks: the tenant row, until the caller's transaction ends.
+-- Index: pgqueue_tenant_pkey.
+-- Called by: store.set_weight (no queue), from services.set_tenant_weight (admin, HTTP API).
+INSERT INTO pgqueue_tenant (name, weight) VALUES (%(tenant)s, %(weight)s)
+ON CONFLICT (name) DO UPDATE SET weight = EXCLUDED.weight
+
+
+-- name: QUEUE_WEIGHT_SET
+-- Override a tenant's weight in one queue (creating the tenant if new). Takes effect for
+-- jobs that become runnable afterwards.
+-- Locks: the (tenant, queue) override row, until the caller's transaction ends; none on
+--   the tenant row.
+-- Indexes: pgqueue_queue_weight_uniq, pgqueue_tenant_pkey.
+-- Called by: store.set_weight with a queue, from services.set_tenant_weight.
+WITH tenant_row AS (
+    INSERT INTO pgqueue_tenant (name, weight) VALUES (%(tenant)s, 1.0)
+    ON CONFLICT (name) DO NOTHING
+)
+INSERT INTO pgqueue_queue_weight (queue, tenant, weight)
+VALUES (%(queue)s, %(tenant)s, %(weight)s)
+ON CONFLICT (tenant, queue) DO UPDATE SET weight = EXCLUDED.weight
+
+
+-- name: MAINTENANCE_TRY_LOCK
+-- One worker at a time runs maintenance. Never waits: a worker that does not get the lock
+-- skips this round.
+-- Locks: a transaction-scoped advisory lock, released by the transaction's end (so a worker
+--   that dies mid-run frees it at once).
+-- Index: none (no table is read).
+-- Called by: store.try_maintenance_lock, at the start of maintenance's transaction.
+SELECT pg_try_advisory_xact_lock(%(key)s)
+
+
+-- name: WORKER_REGISTER
+-- A worker process records itself at start (or again, after a restart with the same id or
+-- a reconnect): its queues and the tasks it can run (a JSON list, or NULL when it serves
+-- more than store.WORKER_TASKS_MAX), which the admin reads to flag jobs nobody can run.
+-- Locks: the worker's row (PK upsert), until autocommit ends the statement.
+-- Index: pgqueue_worker_pkey.
+-- Called by: store.register_worker, from the worker runtime at start.
+INSERT INTO pgqueue_worker (id, host, pid, queues, tasks, concurrency)
+VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(tasks)s::jsonb, %(concurrency)s)
+ON CONFLICT (id) DO UPDATE
+   SET last_seen_at = now(), stopped_at = NULL, queues = EXCLUDED.queues,
+       tasks = EXCLUDED.tasks, concurrency = EXCLUDED.concurrency
+
+
+-- name: DATABASE_CLOCK_READ
+-- The database server's clock now (clock_timestamp(): not the transaction's start). A worker
+-- reads it, timing the round trip on its monotonic clock, to give the handler times it
+-- carries in the database's clock (pgqueue.worker.clock).
+-- Locks: nothing. Index: none (no table).
+-- Called by: store.database_clock, from the worker runtime when it connects and at each
+--   heartbeat round.
+SELECT clock_timestamp()
+
+
+-- name: WORKER_STOP
+-- A worker marks itself stopped on a clean exit; a killed one just stops being seen.
+-- Locks: the worker's row, until autocommit ends the statement.
+-- Index: pgqueue_worker_pkey.
+-- Called by: store.stop_worker, from the worker runtime as it exits.
+UPDATE pgqueue_worker SET stopped_at = now(), last_seen_at = now() WHERE id = %(worker)s
+
+
+-- name: WORKER_PRUNE
+-- Forget workers not seen for a day (the registry is for the living).
+-- Locks: the deleted rows, until maintenance's transaction ends.
+-- Index: none: a sequential scan of pgqueue_worker, which holds one row per worker
+--   process seen in the last day.
+-- Called by: store.prune_workers, from maintenance (one worker at a time).
+DELETE FROM pgqueue_worker WHERE last_seen_at < now() - interval '1 day'
+
+
+-- name: TASK_STAT_HEAD
+-- The largest attempt id committed so far: the bound the next fold may reach once every
+-- transaction that could still hold a smaller id has ended (see TASK_STAT_FOLD); and it
+-- draws this transaction's xid, after the snapshot the id was read in. Sound only as the
+-- transaction's first xid-drawing statement (maintenance runs it first after its lock);
+-- drawing the xid here, not in the fold, lets the fold's snapshot see it, so that a quiet
+-- server's attempts are folded in the same pass.
+-- Locks: none (the xid is one per maintenance pass).
+-- Index: pgqueue_job_attempt_pkey (a backward index-only probe).
+-- Called by: store.attempt_head, from maintenance (first statement after its lock).
+SELECT COALESCE(max(id), 0), pg_current_xact_id() FROM pgqueue_job_attempt
+
+
+-- name: TASK_STAT_FOLD
+-- Fold attempt rows into pgqueue_task_stat, oldest first, at most %(limit)s per run, past
+-- the mark (pgqueue_stat_mark.last_attempt_id) and never past a row whose transaction may
+-- still be open. Attempt ids are drawn before their transactions commit, so a row with a
+-- smaller id can become visible after a larger one: a watermark over ids is only sound up
+-- to a bound below which every inserting transaction has ended. That bound is a pair
+-- (head, xid): head, an id read (TASK_STAT_HEAD) before this transaction drew xid. Every
+-- statement that inserts attempts writes pgqueue_job first (so it holds its xid before it
+-- draws an id), hence a transaction holding an id <= head has an xid < xid; once the
+-- oldest running xid of the server (pg_snapshot_xmin of the current snapshot) is >= xid,
+-- each of them has committed or rolled back, and the rows up to head are final. The pair
+-- of this run is folded at once when nothing older is running (a quiet server), otherwise
+-- it is kept as pending_* and folded by a later run (a second later nothing of a worker's
+-- is still open); a pending pair is replaced only once folded, so a steady stream of short
+-- transactions never starves it. A long transaction holding an xid (anywhere on the
+-- server) delays the fold until it ends; it never makes the fold skip a row.
+-- Assumes the attempt id sequence hands ids out one at a time (CACHE 1, the default).
+-- Locks: the mark row (FOR UPDATE) and the upserted stat rows, until maintenance's
+--   transaction ends.
+-- Indexes: pgqueue_job_attempt_pkey (mark < id <= bound), pgqueue_job_pkey (the task of
+--   each), pgqueue_task_stat_uniq (the upsert), pgqueue_stat_mark_pkey.
+-- Called by: store.fold_task_stats, from maintenance (one worker at a time).
+WITH mark AS MATERIALIZED (
+    SELECT last_attempt_id, pending_attempt_id, pending_xid
+      FROM pgqueue_stat_mark WHERE id = 1 FOR UPDATE
+),
+state AS MATERIALIZED (
+    SELECT COALESCE((SELECT last_attempt_id FROM mark), 0) AS mark,
+           (SELECT pending_attempt_id FROM mark) AS p_id,
+           (SELECT pending_xid FROM mark) AS p_xid,
+           pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS horizon,
+           pg_current_xact_id()::text::bigint AS xid
+),
+bound AS MATERIALIZED (
+    SELECT mark, p_id, p_xid, xid,
+           GREATEST(mark,
+                    CASE WHEN horizon >= xid THEN %(head)s::bigint END,
+                    CASE WHEN horizon >= p_xid THEN p_id END) AS upto,
+           p_xid IS NULL OR horizon >= p_xid AS p_final
+      FROM state
+),
+fresh AS MATERIALIZED (
+    SELECT a.id, j.task, a.outcome,
+           COALESCE(GREATEST(extract(epoch FROM a.finished_at - a.started_at)::float8, 0), 0)
+               AS secs  -- the handler's run time; 0 when it was never seen to start
+      FROM pgqueue_job_attempt a
+      JOIN pgqueue_job j ON j.id = a.job_id
+     WHERE a.id > (SELECT mark FROM bound)
+       AND a.id <= (SELECT upto FROM bound)
+     ORDER BY a.id
+     LIMIT %(limit)s
+),
+folded AS (
+    INSERT INTO pgqueue_task_stat AS s (task, outcome, le, count, seconds)
+    SELECT task, outcome,
+           (SELECT min(b) FROM unnest(%(buckets)s::float8[]) AS b WHERE b >= secs),
+           count(*), sum(secs)
+      FROM fresh
+     GROUP BY 1, 2, 3
+    ON CONFLICT (task, outcome, le) DO UPDATE
+       SET count = s.count + EXCLUDED.count, seconds = s.seconds + EXCLUDED.seconds
+),
+moved AS MATERIALIZED (
+    SELECT b.*, CASE WHEN (SELECT count(*) FROM fresh) >= %(limit)s
+                     THEN (SELECT max(id) FROM fresh) ELSE b.upto END AS new_mark
+      FROM bound b
+)
+INSERT INTO pgqueue_stat_mark AS m (id, last_attempt_id, pending_attempt_id, pending_xid)
+SELECT 1, new_mark,
+       CASE WHEN p_final AND new_mark >= COALESCE(p_id, 0) THEN %(head)s::bigint ELSE p_id END,
+       CASE WHEN p_final AND new_mark >= COALESCE(p_id, 0) THEN xid ELSE p_xid END
+  FROM moved
+ON CONFLICT (id) DO UPDATE
+   SET last_attempt_id = EXCLUDED.last_attempt_id,
+       pending_attempt_id = EXCLUDED.pending_attempt_id,
+       pending_xid = EXCLUDED.pending_xid
+RETURNING (SELECT count(*) FROM fresh)
+
+
+-- name: PERIODIC_SYNC
+-- Make pgqueue_periodic match the schedules declared in code (a JSON array of rows, each
+-- with its first tick computed in Python): upsert them, mark the others removed.
+-- Called by schedules.sync_schedules, at runworker start-up, in its own transaction.
+-- Locks: the declared rows (upsert, in name order, so concurrent start-ups never deadlock)
+--   and the rows newly marked removed. Never writes `enabled`, which the operator owns: a
+--   deploy does not re-enable what the admin turned off. next_run_at is kept unless the
+--   cron or the time zone changed, or the schedule comes back after a removal.
+-- Index: pgqueue_periodic_name_key (the upsert); the removal scans the (small) table.
+WITH spec AS (
+    SELECT * FROM jsonb_to_recordset(%(specs)s::jsonb) AS s(
+        name text, cron text, timezone text, task text, tenant text, queue text,
+        priority smallint, max_attempts int, payload jsonb, missed text, next_run_at timestamptz)
+),
+upserted AS (
+    INSERT INTO pgqueue_periodic AS p (name, cron, timezone, task, tenant, queue, priority,
+                                       max_attempts, payload, missed, enabled, next_run_at)
+    SELECT name, cron, timezone, task, tenant, queue, priority, max_attempts,
+           COALESCE(payload, 'null'::jsonb), missed, TRUE, next_run_at
+      FROM spec
+     ORDER BY name
+    ON CONFLICT (name) DO UPDATE
+       SET next_run_at = CASE
+               WHEN p.cron <> EXCLUDED.cron OR p.timezone <> EXCLUDED.timezone
+                    OR p.removed_at IS NOT NULL
+               THEN EXCLUDED.next_run_at ELSE p.next_run_at END,
+           cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, task = EXCLUDED.task,
+           tenant = EXCLUDED.tenant, queue = EXCLUDED.queue, priority = EXCLUDED.priority,
+           max_attempts = EXCLUDED.max_attempts, payload = EXCLUDED.payload,
+           missed = EXCLUDED.missed, removed_at = NULL, updated_at = now()
+    RETURNING p.name
+),
+removed AS (
+    UPDATE pgqueue_periodic
+       SET removed_at = now(), updated_at = now()
+     WHERE removed_at IS NULL AND name <> ALL (ARRAY(SELECT name FROM spec))
+    RETURNING name
+)
+SELECT name FROM removed ORDER BY name
+
+
+-- name: PERIODIC_LOCK_DUE
+-- The live schedules whose next tick has come, locked for this maintenance run.
+-- Called by schedules.enqueue_due (the maintenance duty enqueue_due_periodic).
+-- Locks: each returned row, FOR UPDATE SKIP LOCKED: a second enqueuer (maintenance runs
+--   one at a time, but nothing relies on that alone) skips a row being fired, and after
+--   that run's commit finds it no longer due.
+-- Index: pgqueue_periodic_due (partial: enabled and not removed, by next_run_at).
+SELECT name, cron, timezone, task, tenant, queue, priority, max_attempts,
+       COALESCE(payload, 'null'::jsonb)::text, missed, next_run_at
+  FROM pgqueue_periodic
+ WHERE enabled AND removed_at IS NULL AND next_run_at <= COALESCE(%(now)s::timestamptz, now())
+ ORDER BY next_run_at, name
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+
+
+-- name: PERIODIC_ADVANCE
+-- Move a fired schedule to its next tick: a compare-and-set on the next_run_at it was
+-- fired for, so a tick moves the schedule forward once. Records the tick and its job
+-- (both kept as they were when the tick was skipped).
+-- Called by schedules.enqueue_due, in the savepoint of the tick's enqueue.
+-- Locks: the schedule's row (already locked by PERIODIC_LOCK_DUE).
+-- Index: pgqueue_periodic_name_key.
+UPDATE pgqueue_periodic
+   SET next_run_at = %(next_run_at)s::timestamptz,
+       last_run_at = COALESCE(%(tick)s::timestamptz, last_run_at),
+       last_job_id = COALESCE(%(job_id)s::bigint, last_job_id),
+       updated_at = now()
+ WHERE name = %(name)s AND next_run_at = %(due)s::timestamptz
+RETURNING name
+
+
+-- name: PERIODIC_LOCK
+-- One schedule's cron, time zone and switch, read to turn the switch.
+-- Called by schedules.set_periodic_enabled (the admin's actions), in its transaction.
+-- Locks: that row, FOR UPDATE, until the switch is turned (two operators in turn, not both).
+-- Index: pgqueue_periodic_name_key.
+SELECT cron, timezone, enabled FROM pgqueue_periodic WHERE name = %(name)s FOR UPDATE
+
+
+-- name: PERIODIC_SET_ENABLED
+-- Turn a schedule on (from its next tick, computed by the caller) or off.
+-- Called by schedules.set_periodic_enabled after PERIODIC_LOCK, in the same transaction.
+-- Locks: that row (already held). Index: pgqueue_periodic_name_key.
+UPDATE pgqueue_periodic
+   SET enabled = %(enabled)s::boolean,
+       next_run_at = CASE WHEN %(enabled)s::boolean THEN %(next_run_at)s::timestamptz
+                          ELSE next_run_at END,
+       updated_at = now()
+ WHERE name = %(name)s
+
+
+-- name: JOB_PRUNE_FINISHED
+-- Delete up to %(limit)s jobs of one finished status whose finished_at is more than
+-- %(keep)s seconds ago, oldest first, with their attempt rows, in one statement. Returns
+-- (jobs deleted, attempts deleted). Called by maintenance.prune_finished_jobs (a few
+-- batches per pass, each its own transaction) and manage.py pgqueue_prune.
+-- Locks: the chosen job rows, FOR UPDATE SKIP LOCKED: a row an operator is retrying or
+--   anything else holds is skipped until a later batch, never waited on; claims and
+--   enqueues touch other rows (queued, scheduled, new) and never wait on a prune. The
+--   attempt rows of the locked jobs, which nothing else writes once a job is finished.
+--   The attempt -> job foreign key is deferred: both deletes are checked at commit.
+-- Index: pgqueue_job_finished (status, finished_at) WHERE status IN finished statuses,
+--   a range scan already oldest first; pgqueue_job_attempt's job_id index for the
+--   not-yet-folded probe and the delete of the history; pgqueue_stat_mark's pkey.
+WITH doomed AS MATERIALIZED (
+    SELECT j.id FROM pgqueue_job j
+     WHERE j.status = %(status)s
+       AND j.finished_at < COALESCE(%(now)s::timestamptz, now()) - %(keep)s * interval '1 second'
+       AND NOT EXISTS (
+           SELECT 1 FROM pgqueue_job_attempt a
+            WHERE a.job_id = j.id
+              AND a.id > COALESCE(
+                  (SELECT last_attempt_id FROM pgqueue_stat_mark WHERE id = 1), 0))
+     ORDER BY j.finished_at
+     LIMIT %(limit)s
+       FOR UPDATE OF j SKIP LOCKED
+),
+history AS (
+    DELETE FROM pgqueue_job_attempt a USING doomed d WHERE a.job_id = d.id RETURNING a.id
+),
+jobs AS (
+    DELETE FROM pgqueue_job j USING doomed d WHERE j.id = d.id RETURNING j.id
+)
+SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM history)
+
+
+-- name: JOB_PRUNE_FINISHED_COUNT
+-- What JOB_PRUNE_FINISHED would delete for one status, counted up to %(limit)s jobs (the
+-- caller asks for one more than it shows, to say "N+"): (jobs, their attempt rows). Takes
+-- no lock. Called by manage.py pgqueue_prune --dry-run. Index: as JOB_PRUNE_FINISHED.
+WITH doomed AS MATERIALIZED (
+    SELECT j.id FROM pgqueue_job j
+     WHERE j.status = %(status)s
+       AND j.finished_at < COALESCE(%(now)s::timestamptz, now()) - %(keep)s * interval '1 second'
+       AND NOT EXISTS (
+           SELECT 1 FROM pgqueue_job_attempt a
+            WHERE a.job_id = j.id
+              AND a.id > COALESCE(
+                  (SELECT last_attempt_id FROM pgqueue_stat_mark WHERE id = 1), 0))
+     ORDER BY j.finished_at
+     LIMIT %(limit)s
+)
+SELECT (SELECT count(*) FROM doomed),
+       (SELECT count(*) FROM pgqueue_job_attempt a JOIN doomed d ON a.job_id = d.id)
