@@ -38,6 +38,7 @@ RUNS = [
     ("heavy_flood", "12. Heavy flood: long jobs in every slot"),
     ("limits", "13. Caps and rate limits"),
     ("claim_shape", "14. The claim path's shape"),
+    ("keys", "15. Concurrency keys and sequences"),
 ]
 
 

@@ -17,7 +17,7 @@ owner and attempt number). Handlers must therefore be idempotent.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .decorators import Task, task
@@ -71,6 +71,8 @@ def enqueue(
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
     timeout: float | dt.timedelta | None = None,
+    concurrency_key: str | Callable[[Any], str | None] | None = None,
+    key_max_running: int | None = None,
     using: str | None = None,
 ) -> Enqueued:
     """Enqueue one job in the current transaction of ``using``; returns ``(job, created)``.
@@ -90,8 +92,13 @@ def enqueue(
         the first job and ``created=False``.
     :param max_attempts: 1..100 attempts before it is dead; default the task's, then
         ``DEFAULT_MAX_ATTEMPTS``.
-    :param timeout: seconds (or a timedelta) one attempt may run, counted from its claim;
-        default the task's, then ``DEFAULT_TIMEOUT_SECONDS`` (None: no timeout).
+    :param timeout: seconds (or a timedelta) one attempt may run, counted from its
+        handler's start; default the task's, then ``DEFAULT_TIMEOUT_SECONDS`` (None: none).
+    :param concurrency_key: at most ``key_max_running`` jobs of this key (text of 1..128
+        characters, e.g. ``"user:42"``) hold a slot at once, across every worker; or a
+        function of the payload giving one. Default the task's (None: no key).
+    :param key_max_running: the key's cap, 1..10,000; 1 runs the key's jobs one at a time
+        in enqueue order (a sequence). Default the task's, then ``DEFAULT_KEY_MAX_RUNNING``.
     :param using: the database alias.
     """
     from .services import enqueue as _enqueue
@@ -107,6 +114,8 @@ def enqueue(
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
         timeout=timeout,
+        concurrency_key=concurrency_key,
+        key_max_running=key_max_running,
         using=using,
     )
 
@@ -122,12 +131,16 @@ def enqueue_many(
     run_at: dt.datetime | None = None,
     max_attempts: int | None = None,
     timeout: float | dt.timedelta | None = None,
+    concurrency_key: str | Sequence[str | None] | Callable[[Any], str | None] | None = None,
+    key_max_running: int | None = None,
     using: str | None = None,
 ) -> list[int]:
     """Enqueue one job per payload, all or none, and return their ids in order.
 
     One statement per 1,000 payloads, in one transaction; the options (as for
-    ``enqueue``, but without an idempotency key, which names one job) apply to every job.
+    ``enqueue``, but without an idempotency key, which names one job) apply to every job;
+    ``concurrency_key`` may also be a list of one key (or None) per payload, or a
+    function of the payload: each job then has its own key.
     """
     from .services import enqueue_many as _enqueue_many
 
@@ -141,5 +154,7 @@ def enqueue_many(
         run_at=run_at,
         max_attempts=max_attempts,
         timeout=timeout,
+        concurrency_key=concurrency_key,
+        key_max_running=key_max_running,
         using=using,
     )

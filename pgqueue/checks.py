@@ -17,6 +17,7 @@ from django.db.utils import load_backend
 
 from .conf import DEFAULTS, FINISHED_STATUSES, pgqueue_settings
 from .fairness import FAIRNESS_MODES, ORDERINGS
+from .key_models import KEY_MAX_RUNNING_BOUND
 
 MIN_POSTGRES = 140000
 
@@ -219,6 +220,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("LIMITS_RECOUNT_SECONDS", 0.01, False),
         ("LIMITS_GATE_BATCH", 1, True),
         ("METRICS_LIMIT_SERIES", 1, True),
+        ("KEY_ADMIT_BATCH", 1, True),
     ]:
         problem = _number(name, getattr(s, name), minimum=minimum, integer=integer)
         if problem:
@@ -242,6 +244,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     dma = s.DEFAULT_MAX_ATTEMPTS
     if isinstance(dma, bool) or not isinstance(dma, int) or not 1 <= dma <= 100:
         problems.append(f"PGQUEUE['DEFAULT_MAX_ATTEMPTS'] must be an integer 1..100, got {dma!r}.")
+    dkm = s.DEFAULT_KEY_MAX_RUNNING
+    if isinstance(dkm, bool) or not isinstance(dkm, int) or not 1 <= dkm <= KEY_MAX_RUNNING_BOUND:
+        problems.append(
+            f"PGQUEUE['DEFAULT_KEY_MAX_RUNNING'] must be an integer 1..{KEY_MAX_RUNNING_BOUND}, "
+            f"got {dkm!r}."
+        )
+    if not isinstance(s.DEAD_JOB_HOLDS_KEY, bool):
+        problems.append(
+            f"PGQUEUE['DEAD_JOB_HOLDS_KEY'] must be True or False, got {s.DEAD_JOB_HOLDS_KEY!r}."
+        )
     if s.ORDERING not in ORDERINGS:
         problems.append(f"PGQUEUE['ORDERING'] must be one of {ORDERINGS}, got {s.ORDERING!r}.")
     if s.FAIRNESS not in FAIRNESS_MODES:

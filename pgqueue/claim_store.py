@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from . import sql
+from . import key_store, sql
 from .conf import pgqueue_settings
 from .queries import load
 
@@ -42,6 +42,8 @@ class ClaimedJob:
     #: Leases it lost before its start was recorded (each given back uncounted): the
     #: worker has its start written before its handler runs (worker/executor.py).
     lost_claims: int = 0
+    #: Its concurrency key (None: none); its exit gives a slot of the key back (KEY_SETTLE).
+    concurrency_key: str | None = None
 
 
 def lease(lease_seconds: float | None) -> float:
@@ -98,7 +100,7 @@ def _params(
 
 def _jobs(rows: Sequence[Sequence[Any]]) -> list[ClaimedJob]:
     """The claimed jobs of JOB_CLAIM's rows, best first."""
-    jobs = [ClaimedJob(r[0], r[1], json.loads(r[2]), *r[3:13]) for r in rows]
+    jobs = [ClaimedJob(r[0], r[1], json.loads(r[2]), *r[3:14]) for r in rows]
     jobs.sort(key=lambda j: (-j.priority, j.vtime, j.id))
     return jobs
 
@@ -154,8 +156,9 @@ def complete_and_claim(
     lease_seconds: float | None = None,
     now: dt.datetime | None = None,
 ) -> tuple[set[int], list[ClaimedJob]]:
-    """Record successes and claim up to ``limit`` jobs, both at ``now``, as a turn does,
-    on the caller's cursor (and in its transaction).
+    """Record successes, give back their concurrency keys' slots (KEY_SETTLE) and claim
+    up to ``limit`` jobs, at ``now``, as a turn does, on the caller's cursor (and in its
+    transaction).
 
     Returns the ids recorded (the others were fenced out) and the claimed jobs.
     """
@@ -165,6 +168,7 @@ def complete_and_claim(
     cursor.fetchall()
     cursor.execute(sql.JOB_COMPLETE_MANY, params)
     recorded = {row[0] for row in cursor.fetchall()}
+    key_store.settle(cursor, sorted(recorded))
     cursor.execute(STATEMENTS["JOB_CLAIM"], params)
     return recorded, _jobs(cursor.fetchall())
 
@@ -175,6 +179,7 @@ class Turn(NamedTuple):
     recorded: set[int]  # the successes and failures recorded; the others were fenced out
     failed: dict[int, str]  # the failures recorded: {job id: its new status}
     jobs: list[ClaimedJob]  # the jobs claimed, best first
+    examined: int = 0  # new keyed jobs KEY_SETTLE examined (``admit`` of them: look again)
 
 
 def turn(
@@ -186,14 +191,20 @@ def turn(
     successes: Sequence[Success] = (),
     failures: Sequence[Any] = (),
     counted: Sequence[int] | None = None,
+    settle: bool = False,
+    admit: int = 0,
     lease_seconds: float | None = None,
     now: dt.datetime | None = None,
 ) -> Turn:
     """One turn of a worker, in one transaction and one round trip (pipeline mode):
     TURN_PLAN, LIMIT_LOCK_TURN, the successes (JOB_COMPLETE_MANY) and failures
-    (JOB_FAIL_MANY), and the claim of up to ``limit`` jobs (JOB_CLAIM). ``counted``: the
-    jobs among the outcomes counted in limit rows (None: not known, all are locked first).
-    A statement the database refuses rolls the whole turn back and is raised."""
+    (JOB_FAIL_MANY), KEY_LOCK and KEY_SETTLE when ``settle`` (some outcome's job has a
+    concurrency key), KEY_SETTLE alone for ``admit`` (new keyed jobs to examine, at most
+    that many), and the claim of up
+    to ``limit`` jobs (JOB_CLAIM), which takes the jobs KEY_SETTLE admitted too.
+    ``counted``: the jobs among the outcomes counted in limit rows (None: not known, all
+    are locked first). A statement the database refuses rolls the whole turn back and is
+    raised."""
     params = _params(worker, queues, limit, lease_seconds, now)
     # The jobs to lock first: those counted in limit rows (their exits take limit rows'
     # locks); ``counted`` names them when the caller knows, else every one is locked.
@@ -210,6 +221,12 @@ def turn(
         steps.append((sql.JOB_COMPLETE_MANY, {**params, **complete_params(successes)}))
     if failures:
         steps.append((sql.JOB_FAIL_MANY, {**params, **fail_params(failures)}))
+    if settle or admit > 0:
+        outcomes = [s.id for s in successes] + [f.id for f in failures]
+        settle_params = key_store.settle_params(outcomes if settle else (), admit)
+        if settle:
+            steps.append((key_store.STATEMENTS["KEY_LOCK"], settle_params))
+        steps.append((key_store.STATEMENTS["KEY_SETTLE"], settle_params))
     if limit > 0:
         steps.append((STATEMENTS["JOB_CLAIM"], params))
     # Sent together, with one Sync at the end: PostgreSQL runs the statements up to a Sync
@@ -234,4 +251,10 @@ def turn(
         failed = {row[0]: row[1] for row in results[at]}
         recorded |= set(failed)
         at += 1
-    return Turn(recorded, failed, _jobs(results[at]) if limit > 0 else [])
+    examined = 0
+    if settle:
+        at += 1  # KEY_LOCK
+    if settle or admit > 0:
+        examined = int(results[at][0][0])
+        at += 1
+    return Turn(recorded, failed, _jobs(results[at]) if limit > 0 else [], examined)

@@ -175,6 +175,17 @@ DEFAULTS: dict[str, Any] = {
     # pgqueue_limit_* series; past it the queues' rows come first and
     # pgqueue_limit_scopes still counts them all.
     "METRICS_LIMIT_SERIES": 500,
+    # Concurrency keys (docs/concurrency-keys.md). Most new keyed jobs one admission (a
+    # worker's turn after a keyed enqueue, or a maintenance pass) examines; it goes on in
+    # further turns while it finds this many.
+    "KEY_ADMIT_BATCH": 100,
+    # Whether a dead job keeps its concurrency key's slot (True: the key's later jobs wait
+    # until an operator retries or cancels it; a sequence stops at its first dead job) or
+    # gives it back (False, the default: the next job of the key runs).
+    "DEAD_JOB_HOLDS_KEY": False,
+    # The cap per key (1..10,000) of a job with a concurrency key when neither its task nor
+    # the enqueue says: 1 makes the key a sequence.
+    "DEFAULT_KEY_MAX_RUNNING": 1,
 }
 
 #: The statuses RETENTION applies to: those a job leaves only by an operator's retry.

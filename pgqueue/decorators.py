@@ -7,7 +7,7 @@ enqueue itself without the registry, where the services look tasks up, importing
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,8 @@ class Task(RegisteredTask):
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
         timeout: float | dt.timedelta | None = None,
+        concurrency_key: str | Callable[[Any], str | None] | None = None,
+        key_max_running: int | None = None,
         using: str | None = None,
     ) -> Enqueued:
         """Enqueue one job of this task: ``pgqueue.enqueue(this task, payload, ...)``,
@@ -52,6 +54,8 @@ class Task(RegisteredTask):
             idempotency_key=idempotency_key,
             max_attempts=max_attempts,
             timeout=timeout,
+            concurrency_key=concurrency_key,
+            key_max_running=key_max_running,
             using=using,
         )
 
@@ -66,6 +70,8 @@ class Task(RegisteredTask):
         run_at: dt.datetime | None = None,
         max_attempts: int | None = None,
         timeout: float | dt.timedelta | None = None,
+        concurrency_key: str | Sequence[str | None] | Callable[[Any], str | None] | None = None,
+        key_max_running: int | None = None,
         using: str | None = None,
     ) -> list[int]:
         """Enqueue one job of this task per payload: ``pgqueue.enqueue_many(this task,
@@ -82,6 +88,8 @@ class Task(RegisteredTask):
             run_at=run_at,
             max_attempts=max_attempts,
             timeout=timeout,
+            concurrency_key=concurrency_key,
+            key_max_running=key_max_running,
             using=using,
         )
 
@@ -93,6 +101,8 @@ def task(
     queue: str | None = None,
     priority: int | None = None,
     timeout: float | dt.timedelta | None = None,
+    concurrency_key: str | Callable[[Any], str | None] | None = None,
+    key_max_running: int | None = None,
 ) -> Callable[[Handler], Task]:
     """Register ``func(payload, job)`` as a task.
 
@@ -100,10 +110,25 @@ def task(
     an enqueue call may override each of them. ``timeout`` is the seconds one attempt may
     run (``pgqueue.timeouts``), above 0 and at most ``PGQUEUE["MAX_TIMEOUT_SECONDS"]``:
     checked here, so a bad value fails at import rather than at the first enqueue.
+    ``concurrency_key`` (text, or a function of the payload giving text or None) and
+    ``key_max_running`` cap the task's jobs per key (``pgqueue.enqueue`` says how), and
+    are checked here too.
     """
+    from .key_models import KEY_MAX_LENGTH, KEY_MAX_RUNNING_BOUND
     from .timeouts import validate_timeout
 
     seconds = validate_timeout(timeout)
+    fixed_key = concurrency_key is not None and not callable(concurrency_key)
+    if fixed_key and not (
+        isinstance(concurrency_key, str) and 1 <= len(concurrency_key) <= KEY_MAX_LENGTH
+    ):
+        raise ValueError(f"concurrency_key must be text of 1 to {KEY_MAX_LENGTH} characters")
+    if key_max_running is not None and (
+        isinstance(key_max_running, bool)
+        or not isinstance(key_max_running, int)
+        or not 1 <= key_max_running <= KEY_MAX_RUNNING_BOUND
+    ):
+        raise ValueError(f"key_max_running must be an integer 1..{KEY_MAX_RUNNING_BOUND}")
 
     def decorate(func: Handler) -> Task:
         registered = Task(
@@ -113,6 +138,8 @@ def task(
             queue,
             priority,
             seconds,
+            concurrency_key,
+            key_max_running,
         )
         register(registered)
         return registered

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from . import read_sql
 from .conf import queue_db
+from .key_models import KeyState
 from .limit_models import Limit
 from .models import Job, Status
 from .reads import count_cap
@@ -126,6 +127,7 @@ def waiting_for(job: Job, *, using: str | None = None, position: bool = True) ->
     """Why a scheduled or queued job waits: ``{"waiting_for": reason, "position": ...}``.
 
     Reasons: "backoff" (scheduled after a failed attempt), "run_at" (scheduled for later),
+    "key_cap" (its concurrency key's slots are all held, or it is about to be admitted),
     "paused", "tenant_cap", "queue_cap", "rate_limit", or "turn" with ``position``, the
     jobs ahead of it in line, up to COUNT_CAP ("1000+" past it; None without
     ``position``: not counted). Both None for a job that is running or finished. A
@@ -135,6 +137,8 @@ def waiting_for(job: Job, *, using: str | None = None, position: bool = True) ->
         return {"waiting_for": "backoff" if job.attempts > 0 else "run_at", "position": None}
     if job.status != Status.QUEUED:
         return {"waiting_for": None, "position": None}
+    if job.key_state in (KeyState.NEW, KeyState.WAITING):
+        return {"waiting_for": "key_cap", "position": None}
     rows = list(
         Limit.objects.using(queue_db(using)).filter(
             Q(tenant="", queue=job.queue) | Q(tenant=job.tenant_id, queue__in=["", job.queue])

@@ -69,6 +69,20 @@ class PgQueueCollector(Collector):
             backlog.add_metric([tenant], n)
         yield backlog
 
+        keys, slots, waiting = reads.key_counts()
+        yield GaugeMetricFamily(
+            "pgqueue_keys_held", "Concurrency keys with at least one slot held", value=keys
+        )
+        yield GaugeMetricFamily(
+            "pgqueue_key_slots_held",
+            "Slots of concurrency keys held (jobs queued to run, running or awaiting a retry)",
+            value=slots,
+        )
+        yield GaugeMetricFamily(
+            "pgqueue_jobs_waiting_for_key",
+            "Queued jobs waiting for their concurrency key (admission or a free slot)",
+            value=waiting,
+        )
         yield GaugeMetricFamily(
             "pgqueue_workers_alive", "Workers seen within a lease", value=liveness.workers_alive()
         )

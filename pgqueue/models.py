@@ -13,6 +13,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from .key_models import KEY_MAX_LENGTH, KEY_MAX_RUNNING_BOUND, KeyState
+
 NAME_MAX = 64
 
 #: The bounds of a weight (``Tenant.weight``, ``QueueWeight.weight``), inclusive. Every
@@ -168,8 +170,16 @@ class Job(models.Model):
     # pgqueue.timeouts.
     timeout_seconds = models.FloatField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)  # running: asked to stop
-    # Queued behind a tenant's limits (pgqueue.limits): out of the claim index.
-    gated = models.BooleanField(default=False, db_default=False)
+    # Queued behind a tenant's limits (pgqueue.limits): out of the claim index. NULL while
+    # it waits for its concurrency key (key_state 'new' or 'waiting'): out of both the
+    # claim index and pgqueue_job_gated until KEY_SETTLE admits it.
+    gated = models.BooleanField(default=False, db_default=False, null=True)
+    # At most key_max_running jobs of one concurrency_key hold a slot at once (pgqueue.key_models).
+    concurrency_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)
+    key_max_running = models.IntegerField(null=True, blank=True)
+    key_state = models.CharField(
+        max_length=8, choices=KeyState.choices, default="", db_default="", blank=True
+    )
     # While running: the pgqueue_limit rows it is counted in (each exit decrements them).
     limit_ids = BigIntArrayField(null=True, blank=True)
     # Leases lost before the handler's start was recorded (its worker crashed or stalled
@@ -196,6 +206,18 @@ class Job(models.Model):
                 fields=["queue", "tenant", "-priority", "vtime", "id"],
                 condition=Q(status="queued", gated=True),
                 name="pgqueue_job_gated",
+            ),
+            # KEY_SETTLE: keyed jobs not yet admitted, oldest first; the waiting jobs of
+            # one key, oldest first.
+            models.Index(
+                fields=["id"],
+                condition=Q(status="queued", key_state="new"),
+                name="pgqueue_job_key_new",
+            ),
+            models.Index(
+                fields=["concurrency_key", "id"],
+                condition=Q(status="queued", key_state="waiting"),
+                name="pgqueue_job_key_waiting",
             ),
             # JOB_PROMOTE_DUE: scheduled jobs by when they become runnable.
             models.Index(
@@ -264,6 +286,27 @@ class Job(models.Model):
                 condition=~Q(status="running")
                 | Q(lease_owner__isnull=False, lease_expires_at__isnull=False),
                 name="pgqueue_job_running_has_lease",
+            ),
+            # A job with a key has its cap; one without has no key state.
+            models.CheckConstraint(
+                condition=Q(
+                    concurrency_key__isnull=True, key_max_running__isnull=True, key_state=""
+                )
+                | Q(
+                    concurrency_key__isnull=False,
+                    key_max_running__gte=1,
+                    key_max_running__lte=KEY_MAX_RUNNING_BOUND,
+                ),
+                name="pgqueue_job_key_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(key_state__in=KeyState.values), name="pgqueue_job_key_state_valid"
+            ),
+            # Out of both claim indexes exactly while it waits for its key.
+            models.CheckConstraint(
+                condition=Q(gated__isnull=True, key_state__in=["new", "waiting"])
+                | (Q(gated__isnull=False) & ~Q(key_state__in=["new", "waiting"])),
+                name="pgqueue_job_gated_unless_key_waits",
             ),
         ]
 

@@ -48,6 +48,8 @@ job_list_page (GET /jobs)      ``id < cursor AND id >= edge ORDER BY id DESC LIM
                                sizes, loaded only when small
 exported_limits (limit_reads)  LIMIT_ROWS_EXPORTED: pgqueue_limit (a row per limited    no
                                scope), at most METRICS_LIMIT_SERIES rows
+key_counts                     KEY_COUNTS: pgqueue_key (a row per key with a slot     no
+                               held), the jobs waiting for their key (live rows)
 =============================  =====================================================  ======
 
 ``*``: per tenant asked for (at most ``limit`` for a page of /tenants), its live jobs and
@@ -69,7 +71,8 @@ SELECT reltuples::bigint FROM pg_class WHERE oid = %(table)s::regclass
 # The tenants with the largest runnable backlog (queued + scheduled), at most %(limit)s,
 # largest first, then by name. Used by both TENANT_BACKLOG_TOP statements.
 # Reads the queued and scheduled rows only: one arm per partial index (pgqueue_job_claim:
-# queued, not gated; pgqueue_job_gated; pgqueue_job_scheduled). One filter over the three
+# queued, not gated; pgqueue_job_gated; pgqueue_job_key_new and pgqueue_job_key_waiting:
+# queued, waiting for their concurrency key; pgqueue_job_scheduled). One filter over them
 # (an IN list, or an OR grouped by tenant) lets the planner walk pgqueue_job_tenant_status,
 # an index of every job, for its tenant order: a million finished jobs read for a handful
 # of live ones (tests/test_bounded_reads.py catches it).
@@ -82,6 +85,11 @@ backlog AS (
       FROM (SELECT tenant, status FROM pgqueue_job WHERE status = 'queued' AND NOT gated
             UNION ALL
             SELECT tenant, status FROM pgqueue_job WHERE status = 'queued' AND gated
+            UNION ALL
+            SELECT tenant, status FROM pgqueue_job WHERE status = 'queued' AND key_state = 'new'
+            UNION ALL
+            SELECT tenant, status FROM pgqueue_job
+             WHERE status = 'queued' AND key_state = 'waiting'
             UNION ALL
             SELECT tenant, status FROM pgqueue_job WHERE status = 'scheduled') live
      GROUP BY tenant
@@ -153,14 +161,18 @@ def _queues_of(cte: str, rows: str) -> str:
 # Reads: the distinct queues of the queued rows by a skip scan (_queues_of) of each partial
 #   index that holds them, pgqueue_job_claim (queue, -priority, vtime, id) and
 #   pgqueue_job_gated (queue, tenant, ...): one probe of each per queue, whatever the
-#   number of jobs; then pgqueue_worker (pruned by maintenance to a day of rows) for each.
+#   number of jobs; the queues of the jobs waiting for their concurrency key, from
+#   pgqueue_job_key_new and pgqueue_job_key_waiting (every such job: live rows only);
+#   then pgqueue_worker (pruned by maintenance to a day of rows) for each.
 # Called by liveness.unserved_queues for the dashboard's queue table and the admin's queue
 # filter and worker list.
 QUEUE_UNSERVED = f"""
 WITH RECURSIVE {_queues_of("runnable", "status = 'queued' AND NOT gated")},
 {_queues_of("gated", "status = 'queued' AND gated")}
 SELECT q.queue
-  FROM (SELECT queue FROM runnable UNION SELECT queue FROM gated) q
+  FROM (SELECT queue FROM runnable UNION SELECT queue FROM gated
+        UNION SELECT queue FROM pgqueue_job WHERE status = 'queued' AND key_state = 'new'
+        UNION SELECT queue FROM pgqueue_job WHERE status = 'queued' AND key_state = 'waiting') q
  WHERE q.queue IS NOT NULL
    AND NOT EXISTS (
        SELECT 1 FROM pgqueue_worker w
@@ -196,7 +208,8 @@ SELECT t.task
 # counted up to %(bound)s rows and no further (n = %(bound)s means "at least that many").
 # Reads, under BOUNDED_COUNT_PLANS:
 #   - live rows only, one arm per status so that each matches its partial index:
-#     queued ones through pgqueue_job_claim (not gated) and pgqueue_job_gated (gated), an
+#     queued ones through pgqueue_job_claim (not gated), pgqueue_job_gated (gated) and
+#     pgqueue_job_key_new and _waiting (waiting for their concurrency key), an
 #     arm each (the claim index holds only ungated jobs, so a bare ``status = 'queued'``
 #     matches neither and reads an index of every job; an OR of the two would need a
 #     bitmap scan, which BOUNDED_COUNT_PLANS turns off);
@@ -214,7 +227,11 @@ WITH RECURSIVE {_queues_of("finished", "status IN ('done', 'dead', 'cancelled')"
 SELECT queue, 'queued', count(*)
   FROM (SELECT queue FROM pgqueue_job WHERE status = 'queued' AND NOT gated
         UNION ALL
-        SELECT queue FROM pgqueue_job WHERE status = 'queued' AND gated) queued
+        SELECT queue FROM pgqueue_job WHERE status = 'queued' AND gated
+        UNION ALL
+        SELECT queue FROM pgqueue_job WHERE status = 'queued' AND key_state = 'new'
+        UNION ALL
+        SELECT queue FROM pgqueue_job WHERE status = 'queued' AND key_state = 'waiting') queued
  GROUP BY queue
 UNION ALL
 SELECT queue, 'scheduled', count(*) FROM pgqueue_job WHERE status = 'scheduled' GROUP BY queue
@@ -298,4 +315,19 @@ SELECT queue, tenant, max_running, rate_count, rate_seconds, paused, running,
  WHERE max_running IS NOT NULL OR rate_count IS NOT NULL OR paused
  ORDER BY tenant <> '', queue <> '', queue, tenant
  LIMIT %(limit)s
+"""
+
+
+# -- name: KEY_COUNTS
+# The concurrency keys with slots held (rows of pgqueue_key, which exist only while one
+# is), the slots held, and the queued jobs waiting for their key (not yet examined, or
+# waiting for a slot). Reads: pgqueue_key (one row per key in use), and
+# pgqueue_job_key_new and pgqueue_job_key_waiting (live rows only); no job history.
+# Called by reads.key_counts for /metrics (pgqueue_keys_held, pgqueue_key_slots_held,
+# pgqueue_jobs_waiting_for_key).
+KEY_COUNTS = """
+SELECT (SELECT count(*) FROM pgqueue_key),
+       (SELECT COALESCE(sum(running), 0) FROM pgqueue_key),
+       (SELECT count(*) FROM pgqueue_job WHERE status = 'queued' AND key_state = 'new')
+       + (SELECT count(*) FROM pgqueue_job WHERE status = 'queued' AND key_state = 'waiting')
 """

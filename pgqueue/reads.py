@@ -151,15 +151,30 @@ def oldest_runnable(*, using: str | None = None) -> dict[str, dt.datetime]:
     """
     rows = (
         Job.objects.using(queue_db(using))
-        # One arm per partial index (pgqueue_job_claim: not gated; pgqueue_job_gated): a bare
+        # One arm per partial index (pgqueue_job_claim: not gated; pgqueue_job_gated; the
+        # jobs waiting for their concurrency key: pgqueue_job_key_new, _waiting): a bare
         # status filter matches neither and reads an index of every job.
-        .filter(Q(status=Status.QUEUED, gated=False) | Q(status=Status.QUEUED, gated=True))
+        .filter(
+            Q(status=Status.QUEUED, gated=False)
+            | Q(status=Status.QUEUED, gated=True)
+            | Q(status=Status.QUEUED, key_state="new")
+            | Q(status=Status.QUEUED, key_state="waiting")
+        )
         .values("queue")
         .annotate(oldest=Min("run_at"))
         .values_list("queue", "oldest")
         .order_by()
     )
     return dict(rows)
+
+
+def key_counts(*, using: str | None = None) -> tuple[int, int, int]:
+    """Concurrency keys in use: (keys with a slot held, slots held, queued jobs waiting for
+    their key), by KEY_COUNTS: live rows only."""
+    with connections[queue_db(using)].cursor() as cursor:
+        cursor.execute(read_sql.KEY_COUNTS)
+        keys, slots, waiting = cursor.fetchone()
+    return int(keys), int(slots), int(waiting)
 
 
 def row_estimate(table: str, *, using: str | None = None) -> int | None:

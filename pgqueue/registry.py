@@ -34,6 +34,9 @@ class RegisteredTask:
     queue: str | None = None
     priority: int | None = None
     timeout: float | None = None  # seconds per attempt (pgqueue.timeouts)
+    #: Its jobs' concurrency key: text, or a function of the payload (None: no key).
+    concurrency_key: str | Callable[[Any], str | None] | None = None
+    key_max_running: int | None = None  # the cap per key (None: DEFAULT_KEY_MAX_RUNNING)
 
     def __call__(self, payload: Any, job: Any) -> Any:
         return self.func(payload, job)

@@ -11,7 +11,7 @@ import datetime as dt
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
@@ -28,6 +28,7 @@ from .exceptions import (
     PayloadTooLarge,
     TooManyQueues,
 )
+from .key_models import KEY_MAX_LENGTH, KEY_MAX_RUNNING_BOUND, KeyState
 from .models import MAX_WEIGHT, MIN_WEIGHT, Job, Status
 from .nesting import nested_deeper_than
 from .registry import RegisteredTask, get_task
@@ -51,6 +52,11 @@ class Enqueued(NamedTuple):
     created: bool
 
 
+#: A concurrency key: text for every job, a list with one per payload (enqueue_many), or a
+#: function of the payload; None: no key.
+KeyRule = str | Sequence[str | None] | Callable[[Any], str | None] | None
+
+
 @dataclass(frozen=True)
 class JobOptions:
     """Validated, defaulted options of an enqueue call."""
@@ -63,6 +69,22 @@ class JobOptions:
     run_at: dt.datetime | None  # None: runnable now
     idempotency_key: str | None
     timeout: float | None = None  # seconds per attempt (pgqueue.timeouts)
+    #: A key for every job, or a function of its payload giving one (or None: no key).
+    concurrency_key: KeyRule = None
+    key_max_running: int = 1  # the cap of the keyed jobs' key (pgqueue.key_models)
+
+    def keys(self, payloads: Sequence[Any]) -> list[str | None] | None:
+        """Each payload's concurrency key, checked; None when no job has one."""
+        key = self.concurrency_key
+        if key is None:
+            return None
+        if isinstance(key, list | tuple):  # one per payload (enqueue_many)
+            if len(key) != len(payloads):
+                raise InvalidJob("concurrency_key", "must give one key (or None) per payload")
+            keys = [validate_key(k) for k in key]
+        else:
+            keys = [validate_key(key(p) if callable(key) else key) for p in payloads]
+        return keys if any(k is not None for k in keys) else None
 
 
 @dataclass
@@ -98,6 +120,21 @@ def _int_in_range(value: Any, field_name: str, low: int, high: int) -> int:
     if not low <= value <= high:
         raise InvalidJob(field_name, f"must be from {low} to {high}, got {value}")
     return value
+
+
+def validate_key(value: Any, field_name: str = "concurrency_key") -> str | None:
+    """A concurrency key: text of 1 to KEY_MAX_LENGTH characters, or None (no key)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= KEY_MAX_LENGTH or not _storable(value):
+        raise InvalidJob(
+            field_name, f"must be text of 1 to {KEY_MAX_LENGTH} characters, without NUL"
+        )
+    return value
+
+
+def validate_key_max_running(value: Any) -> int:
+    return _int_in_range(value, "key_max_running", 1, KEY_MAX_RUNNING_BOUND)
 
 
 def validate_priority(value: Any) -> int:
@@ -187,6 +224,8 @@ def resolve_options(
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
     timeout: float | dt.timedelta | None = None,
+    concurrency_key: KeyRule = None,
+    key_max_running: int | None = None,
 ) -> JobOptions:
     """Validate an enqueue call's options and fill in the task's and settings' defaults."""
     if isinstance(task, str):
@@ -222,7 +261,22 @@ def resolve_options(
         run_at=_run_at(run_at, delay),
         idempotency_key=idempotency_key,
         timeout=resolve_timeout(timeout, task.timeout),
+        concurrency_key=_key_rule(
+            task.concurrency_key if concurrency_key is None else concurrency_key
+        ),
+        key_max_running=validate_key_max_running(
+            _first(key_max_running, task.key_max_running, s.DEFAULT_KEY_MAX_RUNNING)
+        ),
     )
+
+
+def _key_rule(
+    key: KeyRule,
+) -> KeyRule:
+    """A concurrency key given as text is checked now; a function of the payload, per job."""
+    if key is None or callable(key) or isinstance(key, list | tuple):
+        return key  # checked per job
+    return validate_key(key)
 
 
 def _storable(text: str) -> bool:
@@ -255,6 +309,8 @@ def enqueue(
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
     timeout: float | dt.timedelta | None = None,
+    concurrency_key: KeyRule = None,
+    key_max_running: int | None = None,
     using: str | None = None,
 ) -> Enqueued:
     """Enqueue one job in the current transaction of ``using``.
@@ -273,18 +329,21 @@ def enqueue(
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
         timeout=timeout,
+        concurrency_key=concurrency_key,
+        key_max_running=key_max_running,
     )
     payloads_json = f"[{encode_payload(payload)}]"
+    keys = opts.keys([payload])
     if opts.idempotency_key is None:
         with connections[queue_db(using)].cursor() as cursor:
-            (new,), _ = _insert(cursor, opts, payloads_json, 1)
-        return Enqueued(_job(new, opts, payload, using), True)
+            (new,), _ = _insert(cursor, opts, payloads_json, 1, keys)
+        return Enqueued(_job(new, opts, payload, using, keys), True)
 
     # A savepoint makes the refund below exact: the clock row stays locked until it ends.
     with transaction.atomic(using=queue_db(using)), connections[queue_db(using)].cursor() as cursor:
-        inserted, charged = _insert(cursor, opts, payloads_json, 1)
+        inserted, charged = _insert(cursor, opts, payloads_json, 1, keys)
         if inserted:
-            return Enqueued(_job(inserted[0], opts, payload, using), True)
+            return Enqueued(_job(inserted[0], opts, payload, using, keys), True)
         if charged:
             store.refund_clock(
                 cursor,
@@ -311,6 +370,8 @@ def enqueue_many(
     delay: float | dt.timedelta | None = None,
     max_attempts: int | None = None,
     timeout: float | dt.timedelta | None = None,
+    concurrency_key: KeyRule = None,
+    key_max_running: int | None = None,
     using: str | None = None,
 ) -> list[int]:
     """Enqueue one job per payload, in order, and return their ids.
@@ -329,21 +390,30 @@ def enqueue_many(
         delay=delay,
         max_attempts=max_attempts,
         timeout=timeout,
+        concurrency_key=concurrency_key,
+        key_max_running=key_max_running,
     )
+    payloads = list(payloads)
     encoded = [encode_payload(p, f"payloads[{i}]") for i, p in enumerate(payloads)]
     if not encoded:
         return []
+    keys = opts.keys(payloads)
     ids: list[int] = []
     with transaction.atomic(using=queue_db(using)), connections[queue_db(using)].cursor() as cursor:
         for start in range(0, len(encoded), MAX_BATCH):
             chunk = encoded[start : start + MAX_BATCH]
-            inserted, _ = _insert(cursor, opts, f"[{','.join(chunk)}]", len(chunk))
+            chunk_keys = None if keys is None else keys[start : start + MAX_BATCH]
+            inserted, _ = _insert(cursor, opts, f"[{','.join(chunk)}]", len(chunk), chunk_keys)
             ids.extend(new.id for new in inserted)
     return ids
 
 
 def _insert(
-    cursor: Any, opts: JobOptions, payloads_json: str, count: int
+    cursor: Any,
+    opts: JobOptions,
+    payloads_json: str,
+    count: int,
+    keys: list[str | None] | None = None,
 ) -> tuple[list[store.NewJob], bool]:
     return store.enqueue(
         cursor,
@@ -358,10 +428,18 @@ def _insert(
         run_at=opts.run_at,
         timeout=opts.timeout,
         max_queues=pgqueue_settings.MAX_QUEUES_PER_TENANT,
+        keys=keys,
+        key_max_running=opts.key_max_running,
     )
 
 
-def _job(new: store.NewJob, opts: JobOptions, payload: Any, using: str | None) -> Job:
+def _job(
+    new: store.NewJob,
+    opts: JobOptions,
+    payload: Any,
+    using: str | None,
+    keys: list[str | None] | None = None,
+) -> Job:
     """The new job as a model instance, complete without reading it back: what the caller
     gave, and what the enqueue statement returned (id, run_at, created_at, vtime)."""
     job = Job(
@@ -380,6 +458,9 @@ def _job(new: store.NewJob, opts: JobOptions, payload: Any, using: str | None) -
         created_at=new.created_at,
         timeout_seconds=opts.timeout,
     )
+    if keys and keys[0] is not None:
+        job.concurrency_key, job.key_max_running = keys[0], opts.key_max_running
+        job.key_state, job.gated = KeyState.NEW, None
     job._state.adding = False
     job._state.db = queue_db(using)
     return job

@@ -9,15 +9,19 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import sql, store
+from . import key_store, sql, store
 from .conf import pgqueue_settings
 
 
 def cancel(cursor: Any, ids: list[int], *, asked: list[int]) -> list[int]:
-    """Cancel the waiting jobs of ``ids`` (JOB_CANCEL_MANY) and ask the running ones to stop
-    (JOB_CANCEL_REQUEST_MANY, appended to ``asked``): two round trips. Returns both."""
+    """Cancel the waiting jobs of ``ids`` (JOB_CANCEL_MANY), give back the concurrency
+    keys' slots they held (KEY_SETTLE) and ask the running ones to stop
+    (JOB_CANCEL_REQUEST_MANY, appended to ``asked``): up to three round trips. Returns
+    both."""
     cancelled = store.cancel_many(cursor, ids)
     asked.extend(request_cancel_many(cursor, sorted(set(ids) - set(cancelled))))
+    if cancelled:  # a job that held its concurrency key's slot gives it back
+        key_store.settle(cursor, cancelled)
     return cancelled + asked
 
 

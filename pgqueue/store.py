@@ -70,6 +70,8 @@ def enqueue(
     run_at: dt.datetime | None = None,
     timeout: float | None = None,
     max_queues: int | None = None,
+    keys: Sequence[str | None] | None = None,
+    key_max_running: int = 1,
 ) -> tuple[list[NewJob], bool]:
     """Insert ``count`` jobs whose payloads are the JSON array ``payloads_json``.
 
@@ -82,6 +84,8 @@ def enqueue(
     queue (scheduled); otherwise a second one, JOB_ENQUEUE_FIRST (or _SCHEDULED_FIRST),
     which raises TooManyQueues, having written nothing, when the queue is new to the
     tenant and the tenant has clocks in ``max_queues`` queues already (None: no bound).
+    ``keys``: each job's concurrency key (None: none has one), capped at
+    ``key_max_running``; such a job waits for KEY_SETTLE to admit it.
     """
     params = {
         "task": task,
@@ -95,6 +99,8 @@ def enqueue(
         "run_at": run_at,
         "timeout": timeout,
         "max_queues": max_queues,
+        "keys": None if keys is None else list(keys),
+        "key_max": key_max_running,
         "fifo": fifo_param(),
         "channel": pgqueue_settings.NOTIFY_CHANNEL,
     }

@@ -280,6 +280,8 @@ ENQUEUE_OPTIONS = [
     "idempotency_key",
     "max_attempts",
     "timeout",
+    "concurrency_key",
+    "key_max_running",
     "using",
 ]
 
@@ -344,11 +346,15 @@ class TestSignatures:
             run_at=when,
             idempotency_key=f"fwd-{via}",
             max_attempts=3,
+            concurrency_key=f"fwd:{via}",
+            key_max_running=2,
             using="default",
         )
         stored = Job.objects.get(pk=job.pk)
         assert (stored.tenant_id, stored.queue, stored.priority) == ("fwd", "fwd-q", 7)
         assert (stored.idempotency_key, stored.max_attempts) == (f"fwd-{via}", 3)
+        assert (stored.concurrency_key, stored.key_max_running) == (f"fwd:{via}", 2)
+        assert (stored.key_state, stored.gated) == ("new", None)
         assert (stored.status, stored.run_at) == ("scheduled", when)
         delayed, _ = enqueue("test.echo", {}, delay=3600)
         assert Job.objects.get(pk=delayed.pk).run_at > timezone.now() + dt.timedelta(minutes=59)
@@ -360,12 +366,15 @@ class TestSignatures:
             priority=-3,
             delay=60,
             max_attempts=2,
+            concurrency_key=lambda payload: None,
+            key_max_running=3,
             using="default",
         )
         rows = Job.objects.filter(pk__in=ids)
         assert {(j.tenant_id, j.queue, j.priority, j.max_attempts, j.status) for j in rows} == {
             ("fwd", "fwd-q", -3, 2, "scheduled")
         }
+        assert {(j.concurrency_key, j.key_state) for j in rows} == {(None, "")}
         when_many = timezone.now() + dt.timedelta(hours=3)
         (later_id,) = enqueue_many("test.echo", [{}], run_at=when_many)
         assert Job.objects.get(pk=later_id).run_at == when_many

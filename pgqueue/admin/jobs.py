@@ -19,6 +19,7 @@ from django.utils.html import format_html
 from .. import liveness, pages, services
 from ..conf import queue_db
 from ..durations import format_seconds
+from ..key_models import KeyState
 from ..limit_reads import waiting_for
 from ..models import FairClock, Job, JobAttempt, Status, Tenant
 from ..registry import registered_tasks
@@ -41,6 +42,7 @@ WAITING_REASONS = {
     "tenant_cap": "tenant_cap: its tenant runs as many jobs as its cap allows",
     "queue_cap": "queue_cap: its queue runs as many jobs as its cap allows",
     "rate_limit": "rate_limit: its queue's or tenant's rate limit has no token now",
+    "key_cap": "key_cap: its concurrency key runs as many jobs as its cap allows",
     "turn": "turn: its turn in line",
 }
 
@@ -195,12 +197,13 @@ class JobAdmin(admin.ModelAdmin):
         TaskFilter,
         ("created_at", admin.DateFieldListFilter),
     ]
-    search_fields = ["=idempotency_key", "=task"]
+    search_fields = ["=idempotency_key", "=task", "=concurrency_key"]
 
     @property
     def search_help_text(self) -> str:  # type: ignore[override]
         return (
-            "A job id (any job, however old), an idempotency key or a task name. The list "
+            "A job id (any job, however old), an idempotency key, a task name or a "
+            "concurrency key. The list "
             f"holds the newest {pages.list_window():,} jobs (of the tenant filtered on)."
         )
 
@@ -227,6 +230,7 @@ class JobAdmin(admin.ModelAdmin):
             },
         ),
         ("Data", {"fields": ["payload_pretty", "result_pretty", "last_error"]}),
+        ("Concurrency key", {"fields": ["concurrency_key", "key_max_running", "key_slot"]}),
         (
             "Attempts and timing",
             {
@@ -248,6 +252,13 @@ class JobAdmin(admin.ModelAdmin):
     ]
     # Every field of the page is read-only: jobs change only through the actions.
     readonly_fields = [name for _, options in fieldsets for name in options["fields"]]
+
+    @admin.display(description="slot of its key")
+    def key_slot(self, obj: Job) -> str:
+        """Where the job stands with its concurrency key (pgqueue.key_models.KeyState)."""
+        if obj.concurrency_key is None:
+            return "—"
+        return KeyState(obj.key_state).label
 
     runs_at = timestamp("run_at", "run at")
     created = timestamp("created_at")

@@ -152,8 +152,25 @@ def _options(data: dict[str, Any]) -> dict[str, Any]:
         "priority": _typed(data, "priority", int, "an integer from -100 to 100"),
         "max_attempts": _typed(data, "max_attempts", int, "an integer from 1 to 100"),
         "timeout": _typed(data, "timeout_seconds", (int, float), "a number of seconds"),
+        "key_max_running": _typed(data, "key_max_running", int, "an integer from 1 to 10000"),
         **_schedule(data),
     }
+
+
+def _keys(data: dict[str, Any]) -> str | list[str | None] | None:
+    """The concurrency key of every job (``concurrency_key``) or of each (a batch's
+    ``concurrency_keys``, one per payload, null for none); the service layer checks each."""
+    if "concurrency_key" in data and "concurrency_keys" in data:
+        raise bad_field("concurrency_keys", "give concurrency_key or concurrency_keys, not both")
+    if "concurrency_keys" in data:
+        keys = data["concurrency_keys"]
+        payloads = data.get("payloads")
+        if not isinstance(keys, list) or (
+            isinstance(payloads, list) and len(keys) != len(payloads)
+        ):
+            raise bad_field("concurrency_keys", "must be a list with one key (or null) per payload")
+        return keys
+    return _typed(data, "concurrency_key", str, "a string")
 
 
 def _task(data: dict[str, Any]) -> str:

@@ -71,6 +71,8 @@ class JobSerializer(serializers.ModelSerializer):
             "idempotency_key",
             "timeout_seconds",
             "cancel_requested_at",
+            "concurrency_key",
+            "key_max_running",
         ]
         read_only_fields = fields
 
@@ -173,6 +175,8 @@ class EnqueueRequest(serializers.Serializer):
         "delay_seconds",
         "run_at",
         "timeout_seconds",
+        "concurrency_key",
+        "key_max_running",
     }
     task = serializers.CharField()
     payload = serializers.JSONField(required=False, help_text="any JSON; default {}")
@@ -184,6 +188,18 @@ class EnqueueRequest(serializers.Serializer):
     delay_seconds = serializers.FloatField(required=False, min_value=0, max_value=MAX_DELAY_SECONDS)
     run_at = serializers.DateTimeField(required=False, help_text=RUN_AT_HELP)
     timeout_seconds = serializers.FloatField(required=False, help_text=TIMEOUT_HELP)
+    concurrency_key = serializers.CharField(
+        required=False,
+        max_length=128,
+        help_text="at most key_max_running jobs of this key run at once, across every "
+        "worker; with a cap of 1 they run one at a time in enqueue order",
+    )
+    key_max_running = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=10_000,
+        help_text="the key's cap; default the task's, then DEFAULT_KEY_MAX_RUNNING (1)",
+    )
 
 
 class BatchRequest(serializers.Serializer):
@@ -197,6 +213,9 @@ class BatchRequest(serializers.Serializer):
         "delay_seconds",
         "run_at",
         "timeout_seconds",
+        "concurrency_key",
+        "concurrency_keys",
+        "key_max_running",
     }
     task = serializers.CharField()
     payloads = serializers.ListField(
@@ -212,6 +231,23 @@ class BatchRequest(serializers.Serializer):
     delay_seconds = serializers.FloatField(required=False, min_value=0, max_value=MAX_DELAY_SECONDS)
     run_at = serializers.DateTimeField(required=False, help_text=RUN_AT_HELP)
     timeout_seconds = serializers.FloatField(required=False, help_text=TIMEOUT_HELP)
+    concurrency_key = serializers.CharField(
+        required=False,
+        max_length=128,
+        help_text="at most key_max_running jobs of this key run at once, across every "
+        "worker; with a cap of 1 they run one at a time in enqueue order",
+    )
+    key_max_running = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=10_000,
+        help_text="the key's cap; default the task's, then DEFAULT_KEY_MAX_RUNNING (1)",
+    )
+    concurrency_keys = serializers.ListField(
+        child=serializers.CharField(allow_null=True, max_length=128),
+        required=False,
+        help_text="one key (or null: none) per payload, instead of concurrency_key",
+    )
 
 
 class BatchResponse(serializers.Serializer):

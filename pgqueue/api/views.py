@@ -40,6 +40,7 @@ from .params import (
     _decode_cursor,
     _delay,
     _int_param,
+    _keys,
     _known_params,
     _moment,
     _options,
@@ -156,6 +157,7 @@ class JobsView(PgQueueView):
                 data.get("payload", {}),
                 tenant=tenant,
                 idempotency_key=key,
+                concurrency_key=_keys(data),
                 **_options(data),
             )
         if not created and not scope.sees(job):
@@ -297,6 +299,7 @@ class JobBatchView(PgQueueView):
                 _task(data),
                 payloads,
                 tenant=tenant,
+                concurrency_key=_keys(data),
                 **_options(data),
             )
         return Response({"ids": ids, "count": len(ids)}, status=status.HTTP_201_CREATED)

@@ -145,8 +145,8 @@ leased AS (
            started_at = NULL, limit_ids = NULLIF(p.ids, '{}')
       FROM picked p, at a
      WHERE j.id = p.id
-    RETURNING j.id, j.task, j.payload::text, j.tenant, j.queue, j.priority, j.attempts,
-              j.max_attempts, j.lease_expires_at, j.vtime, j.timeout_seconds, j.limit_ids, j.lost_claims
+    RETURNING j.id, task, payload::text, tenant, queue, priority, attempts, max_attempts,
+              lease_expires_at, vtime, timeout_seconds, limit_ids, lost_claims, concurrency_key
 ),
 counted AS (
     UPDATE pgqueue_limit l

@@ -95,11 +95,16 @@ tenant_row AS (  -- the tenant row, once there is a clock: a statement that find
 inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
-                             timeout_seconds, gated)
+                             timeout_seconds, gated, concurrency_key, key_max_running,
+                             key_state)
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'queued', %(priority)s,
            CASE WHEN %(fifo)s THEN extract(epoch FROM now())::float8 ELSE clock.start + p.ord / clock.w END,
-           0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8, gate.g
+           0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8,
+           CASE WHEN k.key IS NULL THEN gate.g END,
+           k.key, CASE WHEN k.key IS NOT NULL THEN %(key_max)s::int END,
+           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END
       FROM clock, gate, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
+           CROSS JOIN LATERAL (SELECT (%(keys)s::text[])[p.ord] AS key) k
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, run_at, created_at, vtime
@@ -108,7 +113,8 @@ inserted AS (
 -- ON CONFLICT inserted nothing (the caller refunds); a single row saying 'taken' when the
 -- key was taken before (nothing charged); no row when the tenant has no clock here.
 SELECT inserted.id, CASE WHEN %(n)s = 1 THEN inserted.run_at END AS run_at, CASE WHEN %(n)s = 1 THEN inserted.created_at END AS created_at, CASE WHEN %(n)s = 1 THEN inserted.vtime END AS vtime,
-       CASE WHEN f.ok THEN (SELECT pg_notify(%(channel)s, %(queue)s)) IS NULL END,
+       CASE WHEN f.ok THEN (SELECT pg_notify(%(channel)s, CASE WHEN %(keys)s::text[] IS NULL THEN %(queue)s
+                                           ELSE 'key:' || %(queue)s END)) IS NULL END,
        CASE WHEN NOT f.ok THEN 'taken' END AS state
   FROM fresh f LEFT JOIN clock ON TRUE LEFT JOIN inserted ON TRUE
  WHERE clock.start IS NOT NULL OR NOT f.ok
@@ -167,11 +173,16 @@ tenant_row AS (  -- the tenant row, once there is a clock: a statement that find
 inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
-                             timeout_seconds, gated, charge)
+                             timeout_seconds, gated, charge, concurrency_key,
+                             key_max_running, key_state)
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'queued', %(priority)s,
            CASE WHEN %(fifo)s THEN extract(epoch FROM now())::float8 ELSE clock.start + (p.ord * (SELECT c FROM charge)) / clock.w END,
-           0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8, gate.g, (SELECT c FROM charge)
+           0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8,
+           CASE WHEN k.key IS NULL THEN gate.g END, (SELECT c FROM charge),
+           k.key, CASE WHEN k.key IS NOT NULL THEN %(key_max)s::int END,
+           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END
       FROM clock, gate, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
+           CROSS JOIN LATERAL (SELECT (%(keys)s::text[])[p.ord] AS key) k
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, run_at, created_at, vtime
@@ -180,7 +191,8 @@ inserted AS (
 -- ON CONFLICT inserted nothing (the caller refunds); a single row saying 'taken' when the
 -- key was taken before (nothing charged); no row when the tenant has no clock here.
 SELECT inserted.id, CASE WHEN %(n)s = 1 THEN inserted.run_at END AS run_at, CASE WHEN %(n)s = 1 THEN inserted.created_at END AS created_at, CASE WHEN %(n)s = 1 THEN inserted.vtime END AS vtime,
-       CASE WHEN f.ok THEN (SELECT pg_notify(%(channel)s, %(queue)s)) IS NULL END,
+       CASE WHEN f.ok THEN (SELECT pg_notify(%(channel)s, CASE WHEN %(keys)s::text[] IS NULL THEN %(queue)s
+                                           ELSE 'key:' || %(queue)s END)) IS NULL END,
        CASE WHEN NOT f.ok THEN 'taken' END AS state
   FROM fresh f LEFT JOIN clock ON TRUE LEFT JOIN inserted ON TRUE
  WHERE clock.start IS NOT NULL OR NOT f.ok
@@ -275,16 +287,22 @@ clock AS (
 inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
-                             timeout_seconds, gated)
+                             timeout_seconds, gated, concurrency_key, key_max_running,
+                             key_state)
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'queued', %(priority)s,
            CASE WHEN %(fifo)s THEN extract(epoch FROM now())::float8 ELSE clock.start + p.ord / clock.w END,
-           0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8, gate.g
+           0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8,
+           CASE WHEN k.key IS NULL THEN gate.g END,
+           k.key, CASE WHEN k.key IS NOT NULL THEN %(key_max)s::int END,
+           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END
       FROM clock, gate, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
+           CROSS JOIN LATERAL (SELECT (%(keys)s::text[])[p.ord] AS key) k
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, run_at, created_at, vtime
 )
-SELECT inserted.id, CASE WHEN %(n)s = 1 THEN inserted.run_at END AS run_at, CASE WHEN %(n)s = 1 THEN inserted.created_at END AS created_at, CASE WHEN %(n)s = 1 THEN inserted.vtime END AS vtime, (SELECT pg_notify(%(channel)s, %(queue)s)) IS NULL,
+SELECT inserted.id, CASE WHEN %(n)s = 1 THEN inserted.run_at END AS run_at, CASE WHEN %(n)s = 1 THEN inserted.created_at END AS created_at, CASE WHEN %(n)s = 1 THEN inserted.vtime END AS vtime, (SELECT pg_notify(%(channel)s, CASE WHEN %(keys)s::text[] IS NULL THEN %(queue)s
+                                           ELSE 'key:' || %(queue)s END)) IS NULL,
        NULL::text AS state
   FROM clock LEFT JOIN inserted ON TRUE
  UNION ALL
@@ -372,16 +390,22 @@ clock AS (
 inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
-                             timeout_seconds, gated, charge)
+                             timeout_seconds, gated, charge, concurrency_key,
+                             key_max_running, key_state)
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'queued', %(priority)s,
            CASE WHEN %(fifo)s THEN extract(epoch FROM now())::float8 ELSE clock.start + (p.ord * (SELECT c FROM charge)) / clock.w END,
-           0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8, gate.g, (SELECT c FROM charge)
+           0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8,
+           CASE WHEN k.key IS NULL THEN gate.g END, (SELECT c FROM charge),
+           k.key, CASE WHEN k.key IS NOT NULL THEN %(key_max)s::int END,
+           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END
       FROM clock, gate, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
+           CROSS JOIN LATERAL (SELECT (%(keys)s::text[])[p.ord] AS key) k
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, run_at, created_at, vtime
 )
-SELECT inserted.id, CASE WHEN %(n)s = 1 THEN inserted.run_at END AS run_at, CASE WHEN %(n)s = 1 THEN inserted.created_at END AS created_at, CASE WHEN %(n)s = 1 THEN inserted.vtime END AS vtime, (SELECT pg_notify(%(channel)s, %(queue)s)) IS NULL,
+SELECT inserted.id, CASE WHEN %(n)s = 1 THEN inserted.run_at END AS run_at, CASE WHEN %(n)s = 1 THEN inserted.created_at END AS created_at, CASE WHEN %(n)s = 1 THEN inserted.vtime END AS vtime, (SELECT pg_notify(%(channel)s, CASE WHEN %(keys)s::text[] IS NULL THEN %(queue)s
+                                           ELSE 'key:' || %(queue)s END)) IS NULL,
        NULL::text AS state
   FROM clock LEFT JOIN inserted ON TRUE
  UNION ALL
@@ -426,10 +450,14 @@ clock AS (
 inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
-                             timeout_seconds)
+                             timeout_seconds, gated, concurrency_key, key_max_running, key_state)
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'scheduled', %(priority)s, NULL,
-           0, %(max_attempts)s, %(run_at)s, %(idempotency_key)s, %(timeout)s::float8
+           0, %(max_attempts)s, %(run_at)s, %(idempotency_key)s, %(timeout)s::float8,
+           CASE WHEN k.key IS NULL THEN FALSE END,
+           k.key, CASE WHEN k.key IS NOT NULL THEN %(key_max)s::int END,
+           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END
       FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
+           CROSS JOIN LATERAL (SELECT (%(keys)s::text[])[p.ord] AS key) k
      WHERE (SELECT yes FROM known)
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -477,10 +505,14 @@ clock AS (
 inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
-                             timeout_seconds)
+                             timeout_seconds, gated, concurrency_key, key_max_running, key_state)
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'scheduled', %(priority)s, NULL,
-           0, %(max_attempts)s, %(run_at)s, %(idempotency_key)s, %(timeout)s::float8
+           0, %(max_attempts)s, %(run_at)s, %(idempotency_key)s, %(timeout)s::float8,
+           CASE WHEN k.key IS NULL THEN FALSE END,
+           k.key, CASE WHEN k.key IS NOT NULL THEN %(key_max)s::int END,
+           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END
       FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
+           CROSS JOIN LATERAL (SELECT (%(keys)s::text[])[p.ord] AS key) k
      WHERE (SELECT admitted FROM admit)
      ORDER BY p.ord
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING

@@ -533,13 +533,18 @@ SELECT id, status FROM failed
 -- request is forgotten, and the job waits in scheduled until its run_at; the caller
 -- then runs JOB_PROMOTE_MANY in the same transaction for those already due (the ``due``
 -- column), which gives them a fresh fair vtime.
+-- A keyed job that gave its key's slot back is admitted again ('new', KEY_SETTLE after
+-- its promotion); a dead one that kept it (DEAD_JOB_HOLDS_KEY) runs again in that slot.
 -- Locks: the matched rows, until the operator action's transaction ends.
 -- Index: pgqueue_job_pkey (PK lookups); the rows join pgqueue_job_scheduled.
 -- Called by: store.retry_many, from services.retry_jobs (admin, HTTP API, Python API).
 UPDATE pgqueue_job
    SET status = 'scheduled', attempts = 0, lost_claims = 0, vtime = NULL, result = NULL,
        run_at = GREATEST(run_at, now()), lease_owner = NULL, lease_expires_at = NULL,
-       claimed_at = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL
+       claimed_at = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL,
+       key_state = CASE WHEN concurrency_key IS NULL OR key_state = 'held' THEN key_state
+                        ELSE 'new' END,
+       gated = CASE WHEN concurrency_key IS NULL OR key_state = 'held' THEN gated END
  WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('dead', 'cancelled')
 RETURNING id, run_at <= now() AS due
 

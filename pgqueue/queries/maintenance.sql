@@ -272,6 +272,8 @@ UPDATE pgqueue_periodic
 -- %(keep)s seconds ago, oldest first, with their attempt rows, in one statement. Returns
 -- (jobs deleted, attempts deleted). Called by maintenance.prune_finished_jobs (a few
 -- batches per pass, each its own transaction) and manage.py pgqueue_prune.
+-- A dead job that holds its concurrency key's slot (DEAD_JOB_HOLDS_KEY) is kept: it
+-- holds the key until an operator retries it.
 -- Locks: the chosen job rows, FOR UPDATE SKIP LOCKED: a row an operator is retrying or
 --   anything else holds is skipped until a later batch, never waited on; claims and
 --   enqueues touch other rows (queued, scheduled, new) and never wait on a prune. The
@@ -284,6 +286,7 @@ WITH doomed AS MATERIALIZED (
     SELECT j.id FROM pgqueue_job j
      WHERE j.status = %(status)s
        AND j.finished_at < COALESCE(%(now)s::timestamptz, now()) - %(keep)s * interval '1 second'
+       AND j.key_state <> 'held'  -- a dead job holding its key's slot (DEAD_JOB_HOLDS_KEY)
        AND NOT EXISTS (
            SELECT 1 FROM pgqueue_job_attempt a
             WHERE a.job_id = j.id
@@ -310,6 +313,7 @@ WITH doomed AS MATERIALIZED (
     SELECT j.id FROM pgqueue_job j
      WHERE j.status = %(status)s
        AND j.finished_at < COALESCE(%(now)s::timestamptz, now()) - %(keep)s * interval '1 second'
+       AND j.key_state <> 'held'  -- a dead job holding its key's slot (DEAD_JOB_HOLDS_KEY)
        AND NOT EXISTS (
            SELECT 1 FROM pgqueue_job_attempt a
             WHERE a.job_id = j.id

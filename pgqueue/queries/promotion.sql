@@ -7,6 +7,9 @@
 
 -- name: JOB_PROMOTE_DUE
 -- A promoted job of a tenant a limit applies to is gated (as enqueue does).
+-- A keyed job not yet admitted ('new') stays out of both claim indexes (gated NULL) for
+-- KEY_SETTLE; its wake-up says 'key:<queue>'. One holding its key's slot (a retry) is
+-- gated as any other.
 -- Make scheduled jobs due by %(now)s runnable, assigning fresh fair vtimes (a job back
 -- from a backoff does not jump the line), at most %(limit)s of them, the oldest first among
 -- the levels promoted. Notifies each queue.
@@ -112,14 +115,15 @@ bump AS (
 promoted AS (
     UPDATE pgqueue_job j
        SET status = 'queued', vtime = CASE WHEN %(fifo)s THEN extract(epoch FROM now())::float8 ELSE b.start + r.rank / b.w END,
-           gated = EXISTS (
+           gated = CASE WHEN j.key_state <> 'new' THEN EXISTS (
         SELECT 1 FROM pgqueue_limit gl
-         WHERE gl.tenant = j.tenant AND gl.queue IN ('', j.queue) AND (gl.max_running IS NOT NULL OR gl.rate_count IS NOT NULL OR gl.paused))
+         WHERE gl.tenant = j.tenant AND gl.queue IN ('', j.queue) AND (gl.max_running IS NOT NULL OR gl.rate_count IS NOT NULL OR gl.paused)) END
       FROM ranked r JOIN bump b ON b.id = r.clock_id
      WHERE j.id = r.id
-    RETURNING j.id, j.queue
+    RETURNING j.id, j.queue, j.key_state
 )
-SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM promoted ORDER BY id
+SELECT id, pg_notify(%(channel)s, CASE key_state WHEN 'new' THEN 'key:' || queue ELSE queue END) IS NULL
+  FROM promoted ORDER BY id
 
 
 -- name: JOB_PROMOTE_MANY
@@ -196,14 +200,15 @@ bump AS (
 promoted AS (
     UPDATE pgqueue_job j
        SET status = 'queued', vtime = CASE WHEN %(fifo)s THEN extract(epoch FROM now())::float8 ELSE b.start + r.rank / b.w END,
-           gated = EXISTS (
+           gated = CASE WHEN j.key_state <> 'new' THEN EXISTS (
         SELECT 1 FROM pgqueue_limit gl
-         WHERE gl.tenant = j.tenant AND gl.queue IN ('', j.queue) AND (gl.max_running IS NOT NULL OR gl.rate_count IS NOT NULL OR gl.paused))
+         WHERE gl.tenant = j.tenant AND gl.queue IN ('', j.queue) AND (gl.max_running IS NOT NULL OR gl.rate_count IS NOT NULL OR gl.paused)) END
       FROM ranked r JOIN bump b ON b.id = r.clock_id
      WHERE j.id = r.id
-    RETURNING j.id, j.queue
+    RETURNING j.id, j.queue, j.key_state
 )
-SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM promoted ORDER BY id
+SELECT id, pg_notify(%(channel)s, CASE key_state WHEN 'new' THEN 'key:' || queue ELSE queue END) IS NULL
+  FROM promoted ORDER BY id
 
 
 -- name: JOB_PROMOTE_DUE_BY_TIME
@@ -305,14 +310,15 @@ bump AS (
 promoted AS (
     UPDATE pgqueue_job j
        SET status = 'queued', vtime = CASE WHEN %(fifo)s THEN extract(epoch FROM now())::float8 ELSE b.start + r.rank / b.w END, charge = r.charge,
-           gated = EXISTS (
+           gated = CASE WHEN j.key_state <> 'new' THEN EXISTS (
         SELECT 1 FROM pgqueue_limit gl
-         WHERE gl.tenant = j.tenant AND gl.queue IN ('', j.queue) AND (gl.max_running IS NOT NULL OR gl.rate_count IS NOT NULL OR gl.paused))
+         WHERE gl.tenant = j.tenant AND gl.queue IN ('', j.queue) AND (gl.max_running IS NOT NULL OR gl.rate_count IS NOT NULL OR gl.paused)) END
       FROM ranked r JOIN bump b ON b.id = r.clock_id
      WHERE j.id = r.id
-    RETURNING j.id, j.queue
+    RETURNING j.id, j.queue, j.key_state
 )
-SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM promoted ORDER BY id
+SELECT id, pg_notify(%(channel)s, CASE key_state WHEN 'new' THEN 'key:' || queue ELSE queue END) IS NULL
+  FROM promoted ORDER BY id
 
 
 -- name: JOB_PROMOTE_MANY_BY_TIME
@@ -396,14 +402,15 @@ bump AS (
 promoted AS (
     UPDATE pgqueue_job j
        SET status = 'queued', vtime = CASE WHEN %(fifo)s THEN extract(epoch FROM now())::float8 ELSE b.start + r.rank / b.w END, charge = r.charge,
-           gated = EXISTS (
+           gated = CASE WHEN j.key_state <> 'new' THEN EXISTS (
         SELECT 1 FROM pgqueue_limit gl
-         WHERE gl.tenant = j.tenant AND gl.queue IN ('', j.queue) AND (gl.max_running IS NOT NULL OR gl.rate_count IS NOT NULL OR gl.paused))
+         WHERE gl.tenant = j.tenant AND gl.queue IN ('', j.queue) AND (gl.max_running IS NOT NULL OR gl.rate_count IS NOT NULL OR gl.paused)) END
       FROM ranked r JOIN bump b ON b.id = r.clock_id
      WHERE j.id = r.id
-    RETURNING j.id, j.queue
+    RETURNING j.id, j.queue, j.key_state
 )
-SELECT id, pg_notify(%(channel)s, queue) IS NULL FROM promoted ORDER BY id
+SELECT id, pg_notify(%(channel)s, CASE key_state WHEN 'new' THEN 'key:' || queue ELSE queue END) IS NULL
+  FROM promoted ORDER BY id
 
 
 -- name: FAIR_CLOCK_ENSURE_DUE

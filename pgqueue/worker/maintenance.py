@@ -45,7 +45,7 @@ from typing import Any
 
 import psycopg
 
-from .. import fair_store, limits_store, prune_store, stop_store, store
+from .. import fair_store, key_store, limits_store, prune_store, stop_store, store
 from ..conf import pgqueue_settings
 from ..fairness import by_time
 from ..schedules import Fired, enqueue_due
@@ -82,6 +82,7 @@ def run_maintenance(conn: Any) -> MaintenanceResult:
         stopped = stop_abandoned_jobs(cur)
         rescued = rescue_expired_leases(cur)
         promoted = promote_due_jobs(cur)
+        settle_keys(cur, [*stopped, *rescued])
         prune_dead_workers(cur)
         fold_task_stats(cur, head)
         if by_time():
@@ -151,6 +152,13 @@ def rescue_expired_leases(cur: Any) -> dict[int, str]:
     whatever it records later for that attempt is discarded.
     """
     return store.reap_expired(cur)
+
+
+def settle_keys(cur: Any, ended: list[int]) -> int:
+    """Give back the concurrency keys' slots of the jobs this pass ended (``ended``), and
+    examine up to KEY_ADMIT_BATCH new keyed jobs: the workers do so when told of new keyed
+    work, this is the net under a wake-up they missed. Returns how many it examined."""
+    return key_store.settle(cur, sorted(ended), admit=int(pgqueue_settings.KEY_ADMIT_BATCH))
 
 
 def promote_due_jobs(cur: Any) -> list[int]:

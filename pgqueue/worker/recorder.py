@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from .. import claim_store, stop_store, store
+from .. import claim_store, key_store, stop_store, store
 from ..claim_store import Success
 from .clock import DatabaseClock
 from .connection import CONNECTION_ERRORS, error_text
@@ -98,7 +98,18 @@ class OutcomeRecorder:
             recorded |= store.complete_many(cur, worker=self.worker_id, results=successes)
         if failures:
             recorded |= set(store.fail_many(cur, worker=self.worker_id, failures=failures))
-        return recorded | self.cancel_refused(cur, outcomes, recorded)
+        recorded |= self.cancel_refused(cur, outcomes, recorded)
+        key_store.settle(cur, sorted(recorded))  # their concurrency keys' slots, if any
+        return recorded
+
+    def refused(self, outcomes: list[HandlerOutcome], recorded: set[int]) -> list[JobContext]:
+        """The jobs of ``outcomes`` the fence refused that are neither lost nor settled:
+        their cancellation was requested first (``cancel_refused`` records them)."""
+        return [
+            o.ctx
+            for o in outcomes
+            if o.ctx.id not in recorded and not o.ctx.lost and not o.ctx.settled
+        ]
 
     def cancel_refused(
         self, cur: Any, outcomes: list[HandlerOutcome], recorded: set[int]
@@ -109,11 +120,7 @@ class OutcomeRecorder:
         One more statement only when an outcome was refused (a cancel race, or a lost
         lease the worker has not heard of yet).
         """
-        refused = [
-            o.ctx
-            for o in outcomes
-            if o.ctx.id not in recorded and not o.ctx.lost and not o.ctx.settled
-        ]
+        refused = self.refused(outcomes, recorded)
         if not refused:
             return set()
         stopped = stop_store.confirm_cancel_many(

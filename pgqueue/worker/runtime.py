@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from .. import claim_store, limits_store, store
+from .. import claim_store, key_store, limits_store, store
 from ..conf import pgqueue_settings
 from ..registry import served_names
 from .clock import DatabaseClock
@@ -101,6 +101,12 @@ class WorkerLoop:
         self.claimed_total = 0
         #: Ids of the jobs in hand counted in limit rows: a turn locks their rows first.
         self.counted: set[int] = set()
+        #: Ids of the jobs in hand with a concurrency key: a turn that records one of them
+        #: gives its key's slot back (KEY_SETTLE).
+        self.keyed: set[int] = set()
+        #: New keyed jobs may wait for admission (a 'key:<queue>' wake-up, a start, or an
+        #: admission that took a whole batch): the next turn examines some (KEY_SETTLE).
+        self.admit_due = True
         #: Seconds to the next token of a rate limit holding back work of the queues, after
         #: a claim that came up short (None: none): the loop wakes for it.
         self.token_wait: float | None = None
@@ -119,12 +125,20 @@ class WorkerLoop:
             pgqueue_settings.NOTIFY_CHANNEL,
             self.queues,
             self.wake,
-            on_payload={self.stops.cancel_payload: self.stops.notified},
+            on_payload={
+                self.stops.cancel_payload: self.stops.notified,
+                **{f"key:{q}": self._key_work for q in self.queues},
+            },
         )
 
     # -- signals and wake-ups -----------------------------------------------------------
 
     def wake(self) -> None:
+        self.wake_event.set()
+
+    def _key_work(self) -> None:
+        """New keyed jobs in one of the queues (the listener's thread): admit some next turn."""
+        self.admit_due = True
         self.wake_event.set()
 
     def request_stop(self) -> None:
@@ -234,6 +248,10 @@ class WorkerLoop:
         if not self.pending and not want:
             return False
         successes, failures = self.recorder.split(self.pending)
+        # Cleared before the turn: a wake-up for keyed work during it sets it again.
+        admit = int(pgqueue_settings.KEY_ADMIT_BATCH) if self.admit_due and want else 0
+        if admit:
+            self.admit_due = False
         try:
             done = claim_store.turn(
                 self.db,
@@ -243,17 +261,25 @@ class WorkerLoop:
                 successes=successes,
                 failures=failures,
                 counted=self.counted,
+                settle=any(o.ctx.id in self.keyed for o in self.pending),
+                admit=admit,
                 lease_seconds=self.lease,
             )
-            # A success or failure the cancel fence refused is recorded cancelled: one
-            # more statement, only after a cancel race or a lease lost unheard of.
-            with self.db.cursor() as cur:
-                recorded = done.recorded | self.recorder.cancel_refused(
-                    cur, self.pending, done.recorded
-                )
+            if admit and done.examined >= admit:
+                self.admit_due = True  # a whole batch: more may be waiting
+            # A success or failure the cancel fence refused is recorded cancelled: more
+            # statements, only after a cancel race or a lease lost unheard of.
+            recorded = done.recorded
+            if self.recorder.refused(self.pending, done.recorded):
+                with self.db.transaction(), self.db.cursor() as cur:
+                    stopped = self.recorder.cancel_refused(cur, self.pending, done.recorded)
+                    key_store.settle(cur, sorted(stopped))
+                recorded = recorded | stopped
         except CONNECTION_ERRORS:
+            self.admit_due = self.admit_due or bool(admit)
             raise
         except psycopg.Error as exc:
+            self.admit_due = self.admit_due or bool(admit)
             # The database refused a statement (the turn rolled back: nothing of it
             # happened). One outcome it cannot take must not cost the others theirs:
             # record them one by one; the claim waits for the next turn.
@@ -272,7 +298,9 @@ class WorkerLoop:
         self.pending = []
         self._dispatch(done.jobs)
         self.counted &= self.in_flight.keys()  # those recorded, given back or lost go
-        self._burst_idle = want > 0 and not done.jobs
+        self.keyed &= self.in_flight.keys()
+        # Idle: nothing claimed, and no new keyed job left unexamined that might be admitted.
+        self._burst_idle = want > 0 and not done.jobs and not self.admit_due
         self.token_wait = None
         if len(done.jobs) < want:  # a rate limit may hold jobs back: wake for its next token
             with self.db.cursor() as cur:
@@ -454,6 +482,8 @@ class WorkerLoop:
             self.in_flight[job.id] = self.executor.start(job)
             if job.limit_ids:
                 self.counted.add(job.id)
+            if job.concurrency_key is not None:
+                self.keyed.add(job.id)
             self.claimed_total += 1
         if self.recorder.unrunnable:
             self.recorder.give_back(self.db)

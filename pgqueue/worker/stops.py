@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 
 import psycopg
 
-from .. import stop_store
+from .. import key_store, stop_store
 from ..timeouts import timed_out_text
 from .context import JobContext
 from .executor import HandlerOutcome, cancel_coroutine
@@ -78,13 +78,14 @@ class JobStops:
         """Record the attempts of ``asked`` cancelled; their handlers' outcomes are dropped."""
         for ctx in asked:
             ctx.mark_stopped("cancelled")
-        with db.cursor() as cur:
+        with db.transaction(), db.cursor() as cur:
             stopped = stop_store.confirm_cancel_many(
                 cur,
                 worker=self.worker_id,
                 held=[(c.id, c.attempt) for c in asked],
                 started=self.recorder.started(asked),
             )
+            key_store.settle(cur, sorted(stopped))  # their concurrency keys' slots, if any
         for ctx in asked:
             ctx.settled = True  # recorded now, or recorded / lost before: nothing left to do
             cancel_coroutine(ctx)

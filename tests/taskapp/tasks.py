@@ -22,6 +22,11 @@ def echo(payload, job):
     return payload
 
 
+@pgqueue.task(name="test.per_user", concurrency_key=lambda payload: f"user:{payload['user']}")
+def per_user(payload, job):
+    return None
+
+
 @pgqueue.task(name="test.limited", max_attempts=2, queue="limited", priority=7)
 def limited(payload, job):
     return None

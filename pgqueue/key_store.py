@@ -1,0 +1,41 @@
+"""Runs KEY_LOCK and KEY_SETTLE (``pgqueue/queries/keys.sql``): concurrency keys' slots
+given back, handed on and taken. docs/architecture.md, "Concurrency keys", has the design.
+
+One ``settle`` per transaction, after the statements that end its jobs: it takes key rows
+in key order, and a second one in the same transaction could take them out of order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .conf import pgqueue_settings
+from .queries import load
+
+#: The statements of keys.sql, by name.
+STATEMENTS = load("keys.sql")
+
+
+def settle_params(ids: Sequence[int] = (), admit: int = 0) -> dict[str, Any]:
+    """KEY_SETTLE's parameters: give back the slots of the finished jobs among ``ids`` and
+    examine up to ``admit`` new keyed jobs."""
+    return {
+        "ids": list(ids),
+        "admit": admit,
+        "dead_holds": bool(pgqueue_settings.DEAD_JOB_HOLDS_KEY),
+        "channel": pgqueue_settings.NOTIFY_CHANNEL,
+    }
+
+
+def settle(cursor: Any, ids: Sequence[int] = (), *, admit: int = 0) -> int:
+    """KEY_LOCK (when ``ids`` are given) and KEY_SETTLE on ``cursor``, in the caller's
+    transaction, which must hold the rows of ``ids`` already (it has just ended those
+    jobs). Returns how many new keyed jobs it examined: ``admit`` of them means more may
+    be waiting to be examined."""
+    params = settle_params(ids, admit)
+    if params["ids"]:
+        cursor.execute(STATEMENTS["KEY_LOCK"], params)
+        cursor.fetchall()
+    cursor.execute(STATEMENTS["KEY_SETTLE"], params)
+    return int(cursor.fetchone()[0])
