@@ -237,7 +237,9 @@ def turn(
     with db.pipeline():
         for statement, step_params in steps:
             cursors.append(db.cursor())
-            cursors[-1].execute(statement, step_params)
+            # The keys' statements are planned at each run (key_store.PLANNED_EACH_TIME).
+            prepare = False if statement in key_store.PLANNED_EACH_TIME else None
+            cursors[-1].execute(statement, step_params, prepare=prepare)
     results = [c.fetchall() for c in cursors]
     for c in cursors:
         c.close()

@@ -34,11 +34,14 @@
 -- Indexes: pgqueue_job_pkey, pgqueue_key_uniq.
 -- Called by: key_store.settle and claim_store.turn, right before KEY_SETTLE, when they
 --   give slots back.
+WITH given AS MATERIALIZED (  -- by id alone: pgqueue_job_pkey in any plan
+    SELECT concurrency_key, key_state, status FROM pgqueue_job WHERE id = ANY(%(ids)s::bigint[])
+)
 SELECT k.id FROM pgqueue_key k
- WHERE k.key IN (SELECT concurrency_key FROM pgqueue_job
-                  WHERE id = ANY(%(ids)s::bigint[]) AND key_state = 'held'
-                    AND (status IN ('done', 'cancelled')
-                         OR (status = 'dead' AND NOT %(dead_holds)s)))
+ WHERE k.key = ANY(ARRAY(SELECT concurrency_key FROM given
+                          WHERE key_state = 'held'
+                            AND (status IN ('done', 'cancelled')
+                                 OR (status = 'dead' AND NOT %(dead_holds)s))))
  ORDER BY k.key
    FOR UPDATE
 
@@ -64,12 +67,14 @@ SELECT k.id FROM pgqueue_key k
 --   range per touched key), pgqueue_key_uniq, pgqueue_limit_scope (the gate).
 -- Called by: key_store.settle: claim_store.turn (exits of keyed jobs, or new keyed work
 --   announced), the recorder's batches, cancellation, the reaps and each maintenance pass.
-WITH gone AS MATERIALIZED (
-    SELECT id, concurrency_key AS key FROM pgqueue_job
-     WHERE id = ANY(%(ids)s::bigint[]) AND key_state = 'held'
+WITH given AS MATERIALIZED (  -- by id alone: pgqueue_job_pkey in any plan
+    SELECT id, concurrency_key AS key, key_state, status FROM pgqueue_job
+     WHERE id = ANY(%(ids)s::bigint[]) AND concurrency_key IS NOT NULL
+),
+gone AS MATERIALIZED (
+    SELECT id, key FROM given
+     WHERE key_state = 'held'
        AND (status IN ('done', 'cancelled') OR (status = 'dead' AND NOT %(dead_holds)s))
-     ORDER BY id
-       FOR UPDATE
 ),
 fresh AS MATERIALIZED (
     SELECT id, concurrency_key AS key, key_max_running AS cap FROM pgqueue_job
@@ -81,19 +86,19 @@ fresh AS MATERIALIZED (
 touched AS MATERIALIZED (
     SELECT key FROM gone
     UNION SELECT key FROM fresh
-    UNION SELECT concurrency_key FROM pgqueue_job
-           WHERE id = ANY(%(ids)s::bigint[]) AND concurrency_key IS NOT NULL
+    UNION SELECT key FROM given
 ),
 held AS MATERIALIZED (
     SELECT k.key, k.running FROM pgqueue_key k
-     WHERE k.key IN (SELECT key FROM touched)
+     WHERE k.key = ANY(ARRAY(SELECT key FROM touched))  -- pgqueue_key_uniq lookups
      ORDER BY k.key
        FOR UPDATE SKIP LOCKED
 ),
 base AS MATERIALIZED (
-    SELECT t.key, h.key IS NOT NULL AS known,
-           COALESCE(h.running, 0) - (SELECT count(*) FROM gone g WHERE g.key = t.key) AS running
-      FROM touched t LEFT JOIN held h ON h.key = t.key
+    SELECT t.key, h.key IS NOT NULL AS known, COALESCE(h.running, 0) - COALESCE(g.n, 0) AS running
+      FROM touched t
+      LEFT JOIN held h ON h.key = t.key
+      LEFT JOIN (SELECT key, count(*) AS n FROM gone GROUP BY key) g ON g.key = t.key
 ),
 waiting AS MATERIALIZED (
     SELECT b.key, b.known, b.running, w.id, w.key_max_running AS cap
@@ -118,9 +123,9 @@ ranked AS MATERIALIZED (
     WINDOW w AS (PARTITION BY key ORDER BY id ROWS UNBOUNDED PRECEDING)
 ),
 counts AS MATERIALIZED (
-    SELECT b.key, b.known, b.running + (SELECT count(*) FROM ranked r
-                                         WHERE r.key = b.key AND r.slot <= r.cap) AS running
-      FROM base b
+    SELECT b.key, b.known, b.running + count(r.id) AS running
+      FROM base b LEFT JOIN ranked r ON r.key = b.key AND r.slot <= r.cap
+     GROUP BY b.key, b.known, b.running
 ),
 created AS (
     INSERT INTO pgqueue_key (key, running)
@@ -132,9 +137,12 @@ kept AS (
     UPDATE pgqueue_key k SET running = c.running
       FROM counts c
      WHERE k.key = c.key AND c.known AND c.running > 0 AND k.running <> c.running
+       AND k.key = ANY(ARRAY(SELECT key FROM held))  -- pgqueue_key_uniq lookups
 ),
 dropped AS (
-    DELETE FROM pgqueue_key k USING counts c WHERE k.key = c.key AND c.known AND c.running <= 0
+    DELETE FROM pgqueue_key k USING counts c
+     WHERE k.key = c.key AND c.known AND c.running <= 0
+       AND k.key = ANY(ARRAY(SELECT key FROM held))  -- pgqueue_key_uniq lookups
 ),
 moves AS (
     SELECT id, '' AS state FROM gone
@@ -153,7 +161,7 @@ moved AS (
                                             OR gl.paused))
                                 ELSE j.gated END
       FROM moves m
-     WHERE j.id = m.id
+     WHERE j.id = m.id AND j.id = ANY(ARRAY(SELECT id FROM moves))  -- pgqueue_job_pkey lookups
     RETURNING j.queue, m.state
 )
 SELECT (SELECT count(*) FROM fresh) AS examined,
