@@ -2,8 +2,9 @@
 makes the cap exact.
 
 Kept apart from ``models`` (imported at its end, so Django registers it with the app). The
-claim reads and changes these rows in the statements of ``pgqueue.sql``; ``pgqueue.limits``
-is the service that sets them. See docs/architecture.md, "Caps, rate limits and pause".
+claim reads and changes these rows in the statements of ``pgqueue/queries/claim.sql``;
+``pgqueue.limits`` is the service that sets them. See docs/architecture.md, "Caps, rate
+limits and pause".
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ class Limit(models.Model):
     ``running`` counts the jobs running now that were counted in this row (a job records
     the rows it was counted in, ``Job.limit_ids``). It changes only under the row's lock
     (the claim's FOR UPDATE, the decrement of every exit from running), which is what
-    makes a cap exact; maintenance recounts it now and then as a safety net. While any
-    row applies to a queue its claims take the limited statement; a row with no limit
-    left still counts (harmlessly) the jobs the claim starts through it, until
-    maintenance deletes it once it counts none and holds back no gated job (then the
-    queue's claims are plain again, as if no limit had ever been set).
+    makes a cap exact; maintenance recounts it now and then as a safety net. A row with
+    no limit left counts nothing new (the claim counts a job only in rows that limit
+    something), and maintenance deletes it once it counts none and holds back no gated
+    job.
 
     The rate limit is a token bucket: ``rate_count`` tokens per ``rate_seconds``, holding
     at most ``max(1, ceil(rate_count / 10))`` (the burst); ``tokens`` as of ``refilled_at``.

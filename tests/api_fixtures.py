@@ -38,6 +38,8 @@ JOB_FIELDS = {
     "idempotency_key",
     "timeout_seconds",
     "cancel_requested_at",
+    "concurrency_key",
+    "key_max_running",
 }
 
 #: The fields every entry of a job's history has.
