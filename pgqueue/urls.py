@@ -14,7 +14,7 @@ from django.http import Http404
 from django.urls import URLPattern, re_path
 from django.views.decorators.csrf import csrf_exempt
 
-from .api import docs, errors, limits_views, views
+from .api import docs, errors, limits_views, meta_views, views
 
 app_name = "pgqueue"
 
@@ -68,10 +68,10 @@ urlpatterns = [
     ),
     _path("stats", views.StatsView.as_view(), "stats"),
     _path("metrics", views.MetricsView.as_view(), "metrics"),
-    _path("health", views.HealthView.as_view(), "health"),
+    _path("health", meta_views.HealthView.as_view(), "health"),
     _path(
         "schema",
-        views.SchemaView.as_view(custom_settings=docs.SCHEMA_SETTINGS),
+        meta_views.SchemaView.as_view(custom_settings=docs.SCHEMA_SETTINGS),
         "schema",
     ),
     _path("docs", _page(docs.docs), "docs"),

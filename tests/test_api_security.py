@@ -350,11 +350,11 @@ def unreachable_database(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A real connection to a port nobody listens on, in place of the default one."""
     from django.db.backends.postgresql.base import DatabaseWrapper
 
-    from pgqueue.api import views
+    from pgqueue.api import meta_views
 
     settings_dict = {**connection.settings_dict, "HOST": "127.0.0.1", "PORT": "9"}
     dead = DatabaseWrapper(settings_dict, alias="unreachable")
-    monkeypatch.setattr(views, "connections", {"default": dead})
+    monkeypatch.setattr(meta_views, "connections", {"default": dead})
     yield
     dead.close()
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.http import HttpResponse
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
-from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView
-from rest_framework import serializers, status
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
@@ -31,7 +29,7 @@ from .auth import (
     MetricsAccess,
     scope_of,
 )
-from .errors import ApiError, bad_field, exception_handler, logger
+from .errors import ApiError, bad_field, exception_handler
 from .params import (
     SafeJSONParser,
     _body,
@@ -428,68 +426,3 @@ class MetricsView(PgQueueView):
 
         body, content_type = render()
         return HttpResponse(body, content_type=content_type)
-
-
-class HealthView(KnownQueryParams):
-    authentication_classes: list = []
-    permission_classes: list = []
-    renderer_classes = [JSONRenderer]
-    schema = AutoSchema()
-
-    def get_exception_handler(self) -> Any:
-        return exception_handler
-
-    @extend_schema(
-        summary="Liveness and database check (no credentials needed)",
-        operation_id="health_retrieve",
-        responses={
-            200: inline_serializer(
-                "Health", {"status": serializers.CharField(), "database": serializers.CharField()}
-            ),
-            503: inline_serializer(
-                "Unhealthy",
-                {"status": serializers.CharField(), "database": serializers.CharField()},
-            ),
-        },
-    )
-    def get(self, request: Request) -> Response:
-        try:
-            with connections[queue_db()].cursor() as cursor:
-                cursor.execute("SELECT 1")
-        except Exception as exc:  # any failure to reach the database is the answer
-            # The error names the database's host and port: for the log, not the caller.
-            logger.warning("health check: the database is unavailable: %s", str(exc).strip())
-            return Response(
-                {"status": "unavailable", "database": "unavailable"},
-                status=status.HTTP_503_SERVICE_UNAVAILABLE,
-            )
-        return Response({"status": "ok", "database": "ok"})
-
-
-class SchemaView(SpectacularAPIView):
-    """The OpenAPI schema; its errors (a wrong method) answer in pgqueue's JSON form."""
-
-    @extend_schema(
-        summary="This OpenAPI schema (YAML; JSON with ?format=json)",
-        operation_id="schema_retrieve",
-        parameters=[
-            OpenApiParameter("format", str, enum=["json", "yaml"]),
-            *SCHEMA_KWARGS.get("parameters", []),
-        ],
-        responses={
-            200: OpenApiTypes.OBJECT,
-            (404, "application/json"): ErrorSerializer,
-            (406, "application/json"): ErrorSerializer,
-        },
-    )
-    def get(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        return super().get(request, *args, **kwargs)
-
-    def get_exception_handler(self) -> Any:
-        return exception_handler
-
-    def finalize_response(self, request: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
-        if response.status_code >= 400 and isinstance(getattr(response, "data", None), dict):
-            request.accepted_renderer = JSONRenderer()
-            request.accepted_media_type = "application/json"
-        return super().finalize_response(request, response, *args, **kwargs)
