@@ -200,19 +200,19 @@ def turn(
     TURN_PLAN, LIMIT_LOCK_TURN, the successes (JOB_COMPLETE_MANY) and failures
     (JOB_FAIL_MANY), KEY_LOCK and KEY_SETTLE when ``settle`` (some outcome's job has a
     concurrency key), KEY_SETTLE alone for ``admit`` (new keyed jobs to examine, at most
-    that many), and the claim of up
-    to ``limit`` jobs (JOB_CLAIM), which takes the jobs KEY_SETTLE admitted too.
-    ``counted``: the jobs among the outcomes counted in limit rows (None: not known, all
-    are locked first). A statement the database refuses rolls the whole turn back and is
-    raised."""
+    that many), and the claim of up to ``limit`` jobs (JOB_CLAIM), which takes the jobs
+    KEY_SETTLE admitted too. ``counted``: the jobs among the outcomes counted in limit
+    rows (None: not known, all are locked first). A statement the database refuses rolls
+    the whole turn back and is raised."""
     params = _params(worker, queues, limit, lease_seconds, now)
     # The jobs to lock first: those counted in limit rows (their exits take limit rows'
     # locks); ``counted`` names them when the caller knows, else every one is locked.
-    ids = [s.id for s in successes] + [f.id for f in failures]
-    if counted is not None:
+    outcomes = [s.id for s in successes] + [f.id for f in failures]
+    if counted is None:
+        params["ids"] = outcomes
+    else:
         counted = set(counted)
-        ids = [i for i in ids if i in counted]
-    params["ids"] = ids
+        params["ids"] = [i for i in outcomes if i in counted]
     steps: list[tuple[str, dict[str, Any]]] = [
         (STATEMENTS["TURN_PLAN"], {}),
         (STATEMENTS["LIMIT_LOCK_TURN"], params),
@@ -222,7 +222,6 @@ def turn(
     if failures:
         steps.append((sql.JOB_FAIL_MANY, {**params, **fail_params(failures)}))
     if settle or admit > 0:
-        outcomes = [s.id for s in successes] + [f.id for f in failures]
         settle_params = key_store.settle_params(outcomes if settle else (), admit)
         if settle:
             steps.append((key_store.STATEMENTS["KEY_LOCK"], settle_params))

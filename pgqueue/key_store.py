@@ -42,6 +42,8 @@ def settle(cursor: Any, ids: Sequence[int] = (), *, admit: int = 0) -> int:
     jobs). Returns how many new keyed jobs it examined: ``admit`` of them means more may
     be waiting to be examined."""
     params = settle_params(ids, admit)
+    if not params["ids"] and admit <= 0:
+        return 0  # nothing ended and nothing to examine: no statement
     if params["ids"]:
         _execute(cursor, STATEMENTS["KEY_LOCK"], params)
         cursor.fetchall()
