@@ -705,6 +705,43 @@ def test_processes_run_jobs_in_children_and_stop_on_sigterm(workers: StartWorker
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+def test_processes_stop_gracefully_when_the_whole_process_group_is_signalled(
+    workers: StartWorker,
+) -> None:
+    """SIGTERM to the parent and its children at once (Ctrl-C in a terminal, systemd's
+    default KillMode=control-group) is one request to stop, not two: both running jobs
+    finish and are recorded done, and the parent exits 0.
+
+    Protection: the parent asks its children to stop with SIGUSR1, which a worker never
+    counts as a second signal. When it forwarded the SIGTERM it got, each child received
+    two, exited at once with status 1 and left its job running until its lease ran out.
+    """
+    parent = workers("--processes", "2", "--concurrency", "1", "--prefetch", "0")
+    children = wait_for(
+        lambda: c if len(c := live_children(parent)) == 2 else None,
+        STARTUP,
+        "two child workers to register",
+    )
+    for worker_id in children:
+        wait_for(lambda i=worker_id: listening(i), STARTUP, f"{worker_id} to LISTEN")
+    ids = pgqueue.enqueue_many("test.sleep", [{"seconds": 2}] * 2, tenant="acme")
+    wait_for(
+        lambda: Job.objects.filter(id__in=ids, started_at__isnull=False).count() == 2,
+        STARTUP,
+        "both jobs to start, one in each child",
+    )
+
+    os.killpg(parent.pid, signal.SIGTERM)  # the group: the parent and both children
+    assert parent.wait_exit(15) == 0, parent.log()
+    assert all(process_gone(pid) for pid in children.values())
+    assert list(Job.objects.filter(id__in=ids).values_list("status", "attempts")) == [
+        ("done", 1),
+        ("done", 1),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
 def test_processes_restart_a_child_killed_with_sigkill(workers: StartWorker) -> None:
     """A child worker that dies (SIGKILL) is replaced by a new one; the parent keeps going.
 

@@ -1,9 +1,16 @@
 """``--processes P``: P worker processes under one parent, for CPU-bound tasks.
 
 Each child is a plain ``runworker`` process (its own interpreter, connections and
-threads). The parent restarts a child that dies, forwards SIGTERM/SIGINT so every child
-finishes its jobs and exits, and exits 0 when they all did. A second signal is forwarded
-too: the children exit at once and so does the parent, with status 1.
+threads). The parent restarts a child that dies, tells every child to finish its jobs and
+exit when it gets SIGTERM or SIGINT, and exits 0 when they all did. A second signal kills
+the children (SIGKILL) and the parent exits at once with status 1; leases recover the jobs.
+
+The parent asks with SIGUSR1, not by forwarding the signal it got. A signal often reaches
+the children too: Ctrl-C signals the terminal's whole process group, and systemd's default
+``KillMode=control-group`` signals every process of the unit. A forwarded SIGTERM would then
+be each child's second signal, which makes a worker exit at once, leaving its jobs running
+until their leases run out. SIGUSR1 stops a worker as its first signal does and is never
+counted as a second one.
 """
 
 from __future__ import annotations
@@ -56,7 +63,10 @@ class Supervisor:
         self.signals += 1
         for child in self.children.values():
             if child.poll() is None:
-                child.send_signal(signum)
+                if self.signals == 1:
+                    child.send_signal(signal.SIGUSR1)  # finish the jobs in hand, then exit
+                else:
+                    child.kill()
 
     def run(self) -> int:
         """Watch the children every 0.1 s: nothing here sleeps longer, so a signal is

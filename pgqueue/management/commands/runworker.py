@@ -135,6 +135,10 @@ class Command(BaseCommand):
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
+        # The --processes parent's request to stop (pgqueue.worker.supervisor): like a first
+        # SIGTERM, but never a second one, since the signal that made the parent ask may
+        # have reached this process as well.
+        signal.signal(signal.SIGUSR1, lambda _signum, _frame: worker.request_stop())
         try:
             status = worker.run()
         except DatabaseUnreachable as exc:
