@@ -4,6 +4,7 @@ transaction (claim_store)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import psycopg
@@ -300,3 +301,44 @@ def test_the_claim_statements_are_whole_short_and_parsed_once():
         assert "-- name:" not in text, name
         assert len(text.splitlines()) <= 80, name
         assert len(text) <= _queries.MAX_CACHED_STATEMENT_LENGTH, name
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_made_after_waiting_for_a_limit_row_is_dated_after_the_wait():
+    """A turn that waited for its queue's limit row claims at the moment it claims: the
+    job's claimed_at (and the lease that starts with it) is after the holder let the row
+    go, not when the turn's transaction began.
+
+    Protection: JOB_CLAIM's ``at`` is clock_timestamp(). With now(), the transaction's
+    start, a slot taken after the wait was dated before it, so an attempt seemed to
+    overlap the one whose slot it took (and a token bucket's refill was dated back)."""
+    limits.set_queue_limits("q", max_running=5)
+    (job_id,) = enqueue(1, "a", queue="q")
+    row = Limit.objects.get(queue="q", tenant="").id
+    result: dict[str, Any] = {}
+
+    def run_turn(db: psycopg.Connection) -> None:
+        result["turn"] = claim_store.turn(db, worker="w", queues=["q"], limit=1)
+
+    with (
+        psycopg.connect(**connect_params("default")) as holder,
+        psycopg.connect(**connect_params("default"), autocommit=True) as worker_db,
+    ):
+        holder.execute("SELECT 1 FROM pgqueue_limit WHERE id = %s FOR UPDATE", [row])
+        (pid,) = worker_db.execute("SELECT pg_backend_pid()").fetchone()
+        thread = threading.Thread(target=run_turn, args=(worker_db,))
+        thread.start()
+        for _ in range(200):  # bounded: until the turn waits for the row, at most ~10 s
+            waiting = holder.execute(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", [pid]
+            ).fetchone()
+            if waiting and waiting[0]:
+                break
+            threading.Event().wait(0.05)
+        else:
+            pytest.fail("the turn never waited for the limit row")
+        (released,) = holder.execute("SELECT clock_timestamp()").fetchone()
+        holder.commit()
+        thread.join(10)
+    assert [j.id for j in result["turn"].jobs] == [job_id]
+    assert Job.objects.get(pk=job_id).claimed_at >= released

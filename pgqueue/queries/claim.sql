@@ -77,8 +77,13 @@ SELECT id FROM pgqueue_limit
 -- Indexes: pgqueue_job_claim (one range scan per queue, in order), pgqueue_job_gated (the
 --   skip scan and one range scan per pair with room), pgqueue_limit_scope and
 --   pgqueue_limit_pkey, pgqueue_job_pkey (the lease, by id).
+-- Time: ``at``, the claim's moment (claimed_at, the lease's start, the tokens' refill), is
+--   clock_timestamp() as the statement runs, not now(): the turn's transaction may have
+--   waited for limit rows in LIMIT_LOCK_TURN since it began, and a slot or a token taken
+--   after that wait must not be dated before it (an attempt would seem to overlap the one
+--   whose slot it took, and a refill dated back would credit that time twice).
 -- Called by: claim_store.turn, after LIMIT_LOCK_TURN and the outcomes; claim_store.claim.
-WITH RECURSIVE at AS (SELECT COALESCE(%(now)s::timestamptz, now()) AS at),
+WITH RECURSIVE at AS (SELECT COALESCE(%(now)s::timestamptz, clock_timestamp()) AS at),
 queues AS (SELECT name, ord FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)),
 open AS MATERIALIZED (
     SELECT j.id, j.priority, j.vtime, q.ord, CASE WHEN (SELECT EXISTS (SELECT FROM pgqueue_limit))
