@@ -697,3 +697,36 @@ def test_the_steady_state_statement_runs_on_the_injected_clock(db: Any) -> None:
     assert (job(second_id).claimed_at, job(second_id).started_at) == (at(5), None)
     assert reap(at(35)) == {}
     assert reap(at(36)) == {second_id: "queued"}  # no start recorded: given back
+
+
+def test_a_handlers_reported_times_are_kept_within_what_the_database_saw(db: Any) -> None:
+    """A worker states its handler's start and end in the database's clock from its own
+    estimate of that clock, which can be off by part of a round trip. What is recorded
+    stays true: a start no earlier than the claim, an end no later than the statement that
+    records it, for a success and for a failure (whose retry waits from that end).
+
+    Protection: the LEAST/GREATEST bounds of JOB_COMPLETE_MANY and JOB_FAIL_MANY. Without
+    the end's bound the reported hour ahead is stored, and an attempt seems to run past
+    the claim of the job that took its slot."""
+    ids = pgqueue.enqueue_many("test.noop", [1, 2], tenant="acme", max_attempts=3)
+    done_id, failed_id = ids
+    with connection.cursor() as cur:
+        held = {j.id: j for j in store.claim(cur, worker="w1", queues=["default"], limit=2)}
+        assert set(held) == set(ids)
+        cur.execute("SELECT clock_timestamp()")
+        (before,) = cur.fetchone()
+        early, late = before - dt.timedelta(hours=1), before + dt.timedelta(hours=1)
+        done = store.Success(done_id, held[done_id].attempt, None, started=early, finished=late)
+        assert store.complete_many(cur, worker="w1", results=[done]) == {done_id}
+        failure = store.Failure(
+            failed_id, held[failed_id].attempt, "E: x", started=early, finished=late
+        )
+        assert store.fail_many(cur, worker="w1", failures=[failure]) == {failed_id: "scheduled"}
+        cur.execute("SELECT clock_timestamp()")
+        (after,) = cur.fetchone()
+    for attempt in JobAttempt.objects.filter(job_id__in=ids):
+        assert attempt.started_at == attempt.claimed_at, attempt.job_id
+        assert before <= attempt.finished_at <= after, attempt.job_id
+    job = Job.objects.get(pk=failed_id)
+    ended = JobAttempt.objects.get(job_id=failed_id).finished_at
+    assert ended <= job.run_at <= ended + dt.timedelta(seconds=1)  # BACKOFF_BASE, attempt 1

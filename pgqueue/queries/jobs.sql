@@ -6,7 +6,12 @@
 
 
 -- name: JOB_COMPLETE_MANY
--- Record successes for jobs this worker holds, one attempt row each, all stamped %(now)s.
+-- Record successes for jobs this worker holds, one attempt row each, with the handlers'
+-- start and end (%(started)s, %(finished)s: the worker's clock stated in the database's).
+-- Both are kept within what the database saw: a start no earlier than the claim, an end no
+-- later than this statement (LEAST ignores a NULL: no end reported means now). The
+-- worker's estimate of the database's clock can be off by part of a round trip; a handler
+-- cannot have begun before its claim nor ended after its outcome was recorded.
 -- Fenced: a job whose lease was lost (reaped, or claimed again by anyone, this worker
 -- included) does not match and is not returned; nor does one whose cancellation was
 -- requested (JOB_CANCEL_REQUEST_MANY committed first): the worker then records it
@@ -23,12 +28,15 @@
 -- Called by: claim_store.turn, in a worker's turn after LIMIT_LOCK_TURN (which holds the
 --   job rows and limit rows already); store.complete_many (the recorder's batches).
 WITH
+at AS (SELECT COALESCE(%(now)s::timestamptz, clock_timestamp()) AS at),
 done AS (
     UPDATE pgqueue_job j
        SET status = 'done', result = (%(results)s::text[])[array_position(%(ids)s::bigint[], j.id)]::jsonb,
-           started_at = GREATEST(j.claimed_at, (%(started)s::timestamptz[])[array_position(%(ids)s::bigint[], j.id)]),
-           finished_at = COALESCE((%(finished)s::timestamptz[])[array_position(%(ids)s::bigint[], j.id)], COALESCE(%(now)s::timestamptz, now())),
+           started_at = LEAST(GREATEST(j.claimed_at, (%(started)s::timestamptz[])[array_position(%(ids)s::bigint[], j.id)]),
+                              (%(finished)s::timestamptz[])[array_position(%(ids)s::bigint[], j.id)], a.at),
+           finished_at = LEAST((%(finished)s::timestamptz[])[array_position(%(ids)s::bigint[], j.id)], a.at),
            lease_expires_at = NULL
+      FROM at a
      WHERE j.id = ANY(%(ids)s::bigint[])  -- by id: a pgqueue_job_pkey lookup in any plan
        AND j.attempts = (%(attempts)s::int[])[array_position(%(ids)s::bigint[], j.id)]
        AND j.status = 'running' AND j.lease_owner = %(worker)s
@@ -62,18 +70,19 @@ SELECT id FROM done
 -- name: JOB_FAIL_MANY
 -- Gives back the jobs' limit rows (uncount_lock; locked in id order, waiting, after the jobs).
 -- Record failures for jobs this worker holds. Out of attempts, or a permanent error, means
--- dead; otherwise back to scheduled with full-jitter exponential backoff from %(now)s,
+-- dead; otherwise back to scheduled with full-jitter exponential backoff from its end,
 -- outside the claim index until JOB_PROMOTE_DUE gives it a fresh vtime. Fenced like
 -- JOB_COMPLETE_MANY (a cancel request committed first wins here too). Writes one attempt
 -- row per job with the error and traceback. A timeout the worker enforces is recorded
--- here too, as a failure whose error says "timed out after N s".
+-- here too, as a failure whose error says "timed out after N s". The handler's start and
+-- end are kept within what the database saw, as in JOB_COMPLETE_MANY.
 -- Locks: the matched job rows, until the worker's transaction commits, at once.
 -- Index: pgqueue_job_pkey (PK lookups); the rows move from pgqueue_job_lease to
 --   pgqueue_job_scheduled.
 -- Called by: store.fail_many, from the worker runtime (with JOB_COMPLETE_MANY and
 --   JOB_CLAIM, in one transaction).
 WITH input AS (
-    SELECT i.*, COALESCE(i.finished, COALESCE(%(now)s::timestamptz, now())) AS ended
+    SELECT i.*, LEAST(i.finished, COALESCE(%(now)s::timestamptz, clock_timestamp())) AS ended
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[],
                   %(tracebacks)s::text[], %(permanent)s::bool[], %(started)s::timestamptz[],
                   %(finished)s::timestamptz[])
@@ -83,10 +92,10 @@ failed AS (
     UPDATE pgqueue_job j
        SET status = CASE WHEN (i.permanent OR j.attempts >= j.max_attempts) THEN 'dead' ELSE 'scheduled' END,
            run_at = CASE WHEN (i.permanent OR j.attempts >= j.max_attempts) THEN j.run_at
-                         ELSE COALESCE(%(now)s::timestamptz, now()) + random() * LEAST(%(backoff_cap)s::float8, %(backoff_base)s::float8 * power(2.0, GREATEST(j.attempts - 1, 0)))
+                         ELSE i.ended + random() * LEAST(%(backoff_cap)s::float8, %(backoff_base)s::float8 * power(2.0, GREATEST(j.attempts - 1, 0)))
                               * interval '1 second' END,
            finished_at = CASE WHEN (i.permanent OR j.attempts >= j.max_attempts) THEN i.ended END,
-           started_at = GREATEST(j.claimed_at, i.started),
+           started_at = LEAST(GREATEST(j.claimed_at, i.started), i.ended),
            last_error = i.error,
            lease_expires_at = NULL
       FROM input i
