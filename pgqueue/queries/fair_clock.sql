@@ -72,6 +72,8 @@
 -- what its earlier ones cost beyond (or below) their estimate. Attempts are read like
 -- TASK_STAT_FOLD's (settled, id order, at most %(limit)s) from a mark of their own
 -- (pgqueue_stat_mark row 2); jobs without a charge (made runnable by jobs) are passed over.
+-- Settled: finished %(settle)s seconds before this statement (clock_timestamp(), the clock
+-- the attempts' ends are bounded by when they are recorded).
 -- A credit moves a clock back at most to its level's head (and never a clock already
 -- below it): an idle tenant banks nothing, as at a charge.
 -- Locks: the mark row (FOR UPDATE) and the clock rows of the attempts read (FOR NO KEY
@@ -97,7 +99,7 @@ fresh AS MATERIALIZED (
       FROM pgqueue_job_attempt a
       JOIN pgqueue_job j ON j.id = a.job_id
      WHERE a.id > (SELECT last_attempt_id FROM mark)
-       AND a.finished_at <= now() - %(settle)s * interval '1 second'
+       AND a.finished_at <= clock_timestamp() - %(settle)s * interval '1 second'
      ORDER BY a.id
      LIMIT %(limit)s
 ),
