@@ -5,11 +5,12 @@ VENV ?= .venv/py$(PYVER)
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 PORT ?= 8000
+DOCS_PORT ?= 8001
 WORKER_PROCESSES ?= 2
 WORKER_CONCURRENCY ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test lint format bench clean
+.PHONY: help venv demo test lint format bench docs docs-serve clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -32,6 +33,14 @@ test: venv ## Run the whole test suite (starts an embedded PostgreSQL unless DAT
 bench: venv ## Run every benchmark, one report (own database; embedded PostgreSQL unless DATABASE_URL is set); BENCH_ARGS=--quick for a smoke run
 	$(BIN)/python scripts/with_db.py -- $(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
+docs: venv ## Build the documentation site into docs/_build/html (a warning, such as a broken link, fails it)
+	$(BIN)/python scripts/gen_reference.py
+	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	@echo "The site is in docs/_build/html/ (index.html)."
+
+docs-serve: docs ## Build the documentation site and serve it on DOCS_PORT (8001)
+	$(BIN)/python -m http.server --directory docs/_build/html --bind 127.0.0.1 $(DOCS_PORT)
+
 lint: venv ## ruff check and format check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -41,4 +50,4 @@ format: venv ## Format the code with ruff
 	$(BIN)/ruff check --fix .
 
 clean: ## Remove virtual environments and caches
-	rm -rf .venv .pytest_cache .ruff_cache
+	rm -rf .venv .pytest_cache .ruff_cache docs/_build

@@ -2,7 +2,10 @@
 
 What a unit test can't see: the pages load without console errors, they fetch nothing from
 anywhere but this server (no CDN, no fonts), the dashboard fits a laptop screen, and
-screenshots under ``test-output/screenshots/`` show what an operator gets.
+screenshots under ``test-output/screenshots/`` show what an operator gets. The documentation
+site's pictures of the admin and the dashboard are some of these screenshots
+(``docs/images/screenshots/``): each run of the test takes them again, so they show the
+pages as they are.
 
 Chromium and its driver come from Debian's packages. A machine without them installs them
 once per session when it can (root and apt-get); otherwise the test is skipped, saying why.
@@ -39,6 +42,9 @@ from pgqueue import services, store
 from pgqueue.models import Job, JobAttempt, Worker
 
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "test-output" / "screenshots"
+#: The screenshots the documentation shows (docs/how-to/operate.md), copied there by each run.
+DOC_SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "images" / "screenshots"
+DOC_SHOTS = {"admin_index", "dashboard", "job_changelist", "job_dead"}
 DASHBOARD_URL = "/admin/pgqueue/dashboard/"
 #: Seconds apt-get may take, update and install together, before the test gives up.
 INSTALL_TIMEOUT = 900
@@ -182,6 +188,9 @@ def screenshot(driver: webdriver.Chrome, name: str) -> Path:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
     path.write_bytes(base64.b64decode(shot["data"]))
+    if name in DOC_SHOTS:
+        DOC_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, DOC_SCREENSHOTS / path.name)
     return path
 
 

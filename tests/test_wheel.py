@@ -1,14 +1,15 @@
-"""pgqueue as a new user installs it: the wheel, a fresh project, the README's steps.
+"""pgqueue as a new user installs it: the wheel, a fresh project, the documented steps.
 
 The sdist and the wheel are built from this checkout (`python -m build`), checked as a
 package index would render them (`twine check`), and the wheel is installed into a fresh
 virtual environment outside the checkout. `django-admin startproject` makes a project
-there; the Python snippets of the README's "Using it in your project" and "The HTTP API"
-sections are applied to it as written (each starts with the file it belongs to), so the
-README cannot drift from what works. The project migrates a database of its own on the
-test server, runs a job with `manage.py pgqueue worker --burst`, and every pgqueue admin
-page, the API's docs and the metrics answer 200 — through Django's test Client, in a script
-that the fresh environment's python runs.
+there; the Python snippets of the guides "Tasks and enqueueing" and "The HTTP API"
+(docs/guide/tasks.md, docs/guide/http-api.md) are applied to it as written (each starts
+with the file it belongs to), so the documentation cannot drift from what works. The
+project migrates a database of its own on the test server, runs a job with
+`manage.py pgqueue worker --burst`, and every pgqueue admin page, the API's docs and the
+metrics answer 200 — through Django's test Client, in a script that the fresh
+environment's python runs. The LICENSE ships in the wheel and the sdist.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 import zipfile
 from collections.abc import Iterator
@@ -32,50 +34,48 @@ from psycopg import sql
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
-SECTIONS = ("Using it in your project", "The HTTP API")
+GUIDES = (REPO / "docs" / "guide" / "tasks.md", REPO / "docs" / "guide" / "http-api.md")
 # The files a snippet may name on its first line, and where they are in the new project.
 SNIPPET_FILES = {
     "settings.py": "mysite/settings.py",
     "urls.py": "mysite/urls.py",
     "myapp/tasks.py": "myapp/tasks.py",
 }
-PREFIX = "/queue/"  # where the README's snippet mounts the API
+PREFIX = "/queue/"  # where the guide's snippet mounts the API
 
 
 def distribution_name() -> str:
     return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"]
 
 
-def readme_section(title: str) -> str:
-    text = README.read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end != -1 else None]
-
-
-def readme_snippets() -> list[tuple[str, str]]:
+def guide_snippets() -> list[tuple[str, str]]:
     """(file, code) for each part of the sections' Python blocks that names its file.
 
     A block may hold several files (`# settings.py` … `# urls.py` …): it is cut at each such
     line. Blocks that name no file (usage examples) are left out.
     """
     snippets: list[tuple[str, str]] = []
-    for title in SECTIONS:
-        for block in re.findall(r"```python\n(.*?)```", readme_section(title), re.DOTALL):
+    for guide in GUIDES:
+        for block in re.findall(r"```python\n(.*?)```", guide.read_text(), re.DOTALL):
             parts = re.split(r"^# ([\w/]+\.py)\n", block, flags=re.MULTILINE)
             # parts: [text before the first marker, file, code, file, code, ...]
             snippets.extend(zip(parts[1::2], parts[2::2], strict=True))
     return snippets
 
 
-def test_the_readme_names_its_files_and_the_distribution():
-    """Fast: what the slow test below relies on, and every install line of the README."""
-    files = [name for name, _ in readme_snippets()]
+def test_the_guides_name_their_files_and_the_install_is_honest():
+    """Fast: what the slow test below relies on, and the install lines of the README and
+    the guide: pgqueue is not on PyPI, so they install the wheel this repository builds
+    (named after the distribution) or the repository, never a name from an index."""
+    files = [name for name, _ in guide_snippets()]
     assert set(files) <= set(SNIPPET_FILES), files
     assert {"settings.py", "urls.py", "myapp/tasks.py"} <= set(files)
-    installs = re.findall(r"pip install '?([A-Za-z0-9_.\-]+)", README.read_text())
-    assert installs, "the README says how to install pgqueue"
-    assert set(installs) == {distribution_name()}
+    wheel = f"dist/{distribution_name().replace('-', '_')}-*.whl"
+    for text in (README.read_text(), GUIDES[0].read_text()):
+        assert "not on PyPI" in text
+        installs = re.findall(r"pip install (\S+)", text)
+        assert wheel in installs, installs
+        assert set(installs) <= {wheel, "build", "git+https://github.com/pgqueue/pgqueue"}
 
 
 @pytest.fixture
@@ -251,6 +251,13 @@ def test_the_wheel_installs_and_serves_every_page(tmp_path, project_database):
     }
     assert package - shipped == set()
     assert any(name.endswith(".html") for name in shipped)
+    # The license ships in both: the wheel's metadata and the sdist's root.
+    license_text = (REPO / "LICENSE").read_text()
+    (licensed,) = [n for n in shipped if n.endswith(".dist-info/licenses/LICENSE")]
+    assert zipfile.ZipFile(wheels[0]).read(licensed).decode() == license_text
+    with tarfile.open(sdists[0]) as sdist:
+        (member,) = [m for m in sdist.getnames() if m.count("/") == 1 and m.endswith("/LICENSE")]
+        assert sdist.extractfile(member).read().decode() == license_text
 
     # A fresh environment outside the checkout; nothing of this one leaks in.
     env = {
@@ -268,9 +275,9 @@ def test_the_wheel_installs_and_serves_every_page(tmp_path, project_database):
     project.mkdir()
     run(venv / "bin" / "django-admin", "startproject", "mysite", project, cwd=tmp_path, env=env)
     run(python, "manage.py", "startapp", "myapp", cwd=project, env=env)
-    for name, code in readme_snippets():
+    for name, code in guide_snippets():
         with (project / SNIPPET_FILES[name]).open("a") as f:
-            f.write(f"\n# From the README:\n{code}")
+            f.write(f"\n# From the guides:\n{code}")
     with (project / "mysite" / "settings.py").open("a") as f:
         # The project's own choices: its app with the tasks, and a PostgreSQL database.
         f.write(f'\nINSTALLED_APPS += ["myapp"]\nDATABASES = {{"default": {project_database!r}}}\n')
