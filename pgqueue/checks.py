@@ -172,7 +172,7 @@ def _rate(name: str, value: Any) -> str | None:
 #: does not stop a project that still sets one.
 RETIRED = {
     "LIMITS_CLAIM_SECONDS": "every claim counts what the limits apply to now (one claim "
-    "statement; see docs/architecture.md); remove it.",
+    "statement; see docs/explanation/architecture.md); remove it.",
 }
 
 

@@ -175,7 +175,7 @@ DEFAULTS: dict[str, Any] = {
     # pgqueue_limit_* series; past it the queues' rows come first and
     # pgqueue_limit_scopes still counts them all.
     "METRICS_LIMIT_SERIES": 500,
-    # Concurrency keys (docs/concurrency-keys.md). Most new keyed jobs one admission (a
+    # Concurrency keys (docs/guide/concurrency-keys.md). Most new keyed jobs one admission (a
     # worker's turn after a keyed enqueue, or a maintenance pass) examines; it goes on in
     # further turns while it finds this many.
     "KEY_ADMIT_BATCH": 100,

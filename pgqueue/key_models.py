@@ -2,8 +2,8 @@
 hold a slot at once, across every worker and host; N = 1 is a sequence.
 
 Kept apart from ``models`` (imported at its end, so Django registers it with the app). The
-statements are in ``pgqueue/queries/keys.sql``; docs/architecture.md, "Concurrency keys",
-has the design.
+statements are in ``pgqueue/queries/keys.sql``; docs/explanation/architecture.md,
+"Concurrency keys", has the design.
 """
 
 from __future__ import annotations

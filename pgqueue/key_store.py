@@ -1,5 +1,6 @@
 """Runs KEY_LOCK and KEY_SETTLE (``pgqueue/queries/keys.sql``): concurrency keys' slots
-given back, handed on and taken. docs/architecture.md, "Concurrency keys", has the design.
+given back, handed on and taken. docs/explanation/architecture.md, "Concurrency keys", has
+the design.
 
 One ``settle`` per transaction, after the statements that end its jobs: it takes key rows
 in key order, and a second one in the same transaction could take them out of order.

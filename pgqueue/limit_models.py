@@ -3,7 +3,7 @@ makes the cap exact.
 
 Kept apart from ``models`` (imported at its end, so Django registers it with the app). The
 claim reads and changes these rows in the statements of ``pgqueue/queries/claim.sql``;
-``pgqueue.limits`` is the service that sets them. See docs/architecture.md, "Caps, rate
+``pgqueue.limits`` is the service that sets them. See docs/explanation/architecture.md, "Caps, rate
 limits and pause".
 """
 

@@ -3,7 +3,7 @@
 The services the Python API, the HTTP API and the admin call to change limits. A scope is
 a queue (every tenant's jobs there), a tenant (its jobs in every queue) or a tenant in one
 queue; every scope that applies to a job holds at once, so a (queue, tenant) limit narrows
-the tenant's in that queue and never lifts it. See docs/architecture.md for the design:
+the tenant's in that queue and never lifts it. See docs/explanation/architecture.md for the design:
 jobs of a limited tenant wait "gated", outside the claim index, and the claim counts the
 jobs it starts in their limit rows under the rows' locks, which is what makes a cap exact.
 """

@@ -126,8 +126,8 @@ class JobExecutor:
     ``threads`` takes it, runs it and hands the outcome to ``deliver``. A plain queue of
     contexts and N threads that never end cost a job two queue operations; a pool's
     per-job Future, its Condition, work item and done-callback cost several times that
-    (docs/profile.md). A job still in the queue has not started and can be taken back
-    (``take_unstarted``): each item of the queue goes to exactly one taker, a thread or
+    (bench/results/worker-profile.md). A job still in the queue has not started and can be
+    taken back (``take_unstarted``): each item of the queue goes to exactly one taker, a thread or
     the loop, so nothing runs after being given back.
     """
 

@@ -212,8 +212,8 @@ class OutcomeRecorder:
         discard at WARNING.
 
         A line per job was a fifth of a no-op job's cost at thousands of jobs/s
-        (docs/profile.md); the batch line keeps the counts and a bounded list of ids, and
-        an operator still sees every failure (its job, attempt and error) and every
+        (bench/results/worker-profile.md); the batch line keeps the counts and a bounded list
+        of ids, and an operator still sees every failure (its job, attempt and error) and every
         outcome lost with its lease.
         """
         counts = {"done": 0, "failed": 0, "dead": 0, "cancelled": 0, "discarded": 0}
