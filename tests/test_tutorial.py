@@ -43,12 +43,11 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
-from django.db import connections
-from psycopg import sql
+
+from tests.workers import scratch_database
 
 REPO = Path(__file__).resolve().parent.parent
 TUTORIAL = REPO / "docs" / "tutorial.md"
@@ -251,31 +250,16 @@ def reader_environment(tmp_path: Path) -> dict[str, str]:
 @pytest.fixture
 def tutorial_database() -> Iterator[dict[str, str]]:
     """The PG* variables for a database of this test's own on the test server."""
-    s = connections["default"].settings_dict
     name = f"pgqueue_tutorial_{os.getpid()}"
-    server: dict[str, Any] = {
-        "host": s["HOST"] or None,
-        "port": s["PORT"] or None,
-        "user": s["USER"] or None,
-        "password": s["PASSWORD"] or None,
-        **(s.get("OPTIONS") or {}),
-    }
-    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
-        conn.execute(drop)
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    variables = {
-        "PGHOST": str(s["HOST"] or ""),
-        "PGPORT": str(s["PORT"] or ""),
-        "PGUSER": str(s["USER"] or ""),
-        "PGPASSWORD": str(s["PASSWORD"] or ""),
-        "PGDATABASE": name,
-    }
-    try:
+    with scratch_database(name) as s:
+        variables = {
+            "PGHOST": str(s["HOST"] or ""),
+            "PGPORT": str(s["PORT"] or ""),
+            "PGUSER": str(s["USER"] or ""),
+            "PGPASSWORD": str(s["PASSWORD"] or ""),
+            "PGDATABASE": name,
+        }
         yield {k: v for k, v in variables.items() if v}
-    finally:
-        with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
-            conn.execute(drop)
 
 
 @pytest.mark.slow

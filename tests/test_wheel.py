@@ -27,10 +27,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import connections
-from psycopg import sql
+
+from tests.workers import scratch_database
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -81,20 +81,8 @@ def test_the_guides_name_their_files_and_the_install_is_honest():
 @pytest.fixture
 def project_database() -> Iterator[dict[str, Any]]:
     """DATABASES['default'] for the new project: a database of its own on the test server."""
-    s = connections["default"].settings_dict
-    name = f"{s['NAME'].removeprefix('test_')}_wheel"
-    server = {
-        "host": s["HOST"] or None,
-        "port": s["PORT"] or None,
-        "user": s["USER"] or None,
-        "password": s["PASSWORD"] or None,
-        **(s.get("OPTIONS") or {}),
-    }
-    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
-        conn.execute(drop)
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
+    name = f"{connections['default'].settings_dict['NAME'].removeprefix('test_')}_wheel"
+    with scratch_database(name) as s:
         yield {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": name,
@@ -104,9 +92,6 @@ def project_database() -> Iterator[dict[str, Any]]:
             "PASSWORD": s["PASSWORD"],
             "OPTIONS": dict(s.get("OPTIONS") or {}),
         }
-    finally:
-        with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
-            conn.execute(drop)
 
 
 def run(*args: str | Path, cwd: Path, env: dict[str, str], timeout: float = 180) -> str:

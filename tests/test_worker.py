@@ -669,6 +669,18 @@ def test_max_jobs_exits_after_that_many_jobs(workers: StartWorker) -> None:
 # -- 8. --processes -------------------------------------------------------------------------
 
 
+def two_children_listening(parent: WorkerProcess) -> dict[str, int]:
+    """The two child workers of a ``--processes 2`` parent, once both LISTEN: {id: pid}."""
+    children = wait_for(
+        lambda: c if len(c := live_children(parent)) == 2 else None,
+        STARTUP,
+        "two child workers to register",
+    )
+    for worker_id in children:
+        wait_for(lambda i=worker_id: listening(i), STARTUP, f"{worker_id} to LISTEN")
+    return children
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_processes_run_jobs_in_children_and_stop_on_sigterm(workers: StartWorker) -> None:
@@ -680,13 +692,7 @@ def test_processes_run_jobs_in_children_and_stop_on_sigterm(workers: StartWorker
     children) keeps each child to one job at a time, so that one cannot claim all six.
     """
     parent = workers("--processes", "2", "--concurrency", "1", "--prefetch", "0")
-    children = wait_for(
-        lambda: c if len(c := live_children(parent)) == 2 else None,
-        STARTUP,
-        "two child workers to register",
-    )
-    for worker_id in children:
-        wait_for(lambda i=worker_id: listening(i), STARTUP, f"{worker_id} to LISTEN")
+    children = two_children_listening(parent)
 
     ids = pgqueue.enqueue_many("test.sleep", [{"seconds": 0.2}] * 6, tenant="acme")
     wait_for(lambda: count_done(ids) == len(ids), 20, "every job to be done")
@@ -717,13 +723,7 @@ def test_processes_stop_gracefully_when_the_whole_process_group_is_signalled(
     two, exited at once with status 1 and left its job running until its lease ran out.
     """
     parent = workers("--processes", "2", "--concurrency", "1", "--prefetch", "0")
-    children = wait_for(
-        lambda: c if len(c := live_children(parent)) == 2 else None,
-        STARTUP,
-        "two child workers to register",
-    )
-    for worker_id in children:
-        wait_for(lambda i=worker_id: listening(i), STARTUP, f"{worker_id} to LISTEN")
+    children = two_children_listening(parent)
     ids = pgqueue.enqueue_many("test.sleep", [{"seconds": 2}] * 2, tenant="acme")
     wait_for(
         lambda: Job.objects.filter(id__in=ids, started_at__isnull=False).count() == 2,

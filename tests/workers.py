@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
+import psycopg
 import pytest
 from django.db import connection, connections
 
@@ -69,6 +70,31 @@ def waiting_on_a_lock(pid: int) -> bool:
 
 
 # -- the worker subprocess ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def scratch_database(name: str) -> Iterator[dict[str, Any]]:
+    """An empty database ``name`` of its own on the test server, dropped afterwards (a
+    fresh project's, as a new user's would be). Yields the default alias's settings."""
+    from psycopg import sql
+
+    s = connections["default"].settings_dict
+    server: dict[str, Any] = {
+        "host": s["HOST"] or None,
+        "port": s["PORT"] or None,
+        "user": s["USER"] or None,
+        "password": s["PASSWORD"] or None,
+        **(s.get("OPTIONS") or {}),
+    }
+    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
+        conn.execute(drop)
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield s
+    finally:
+        with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
+            conn.execute(drop)
 
 
 def database_url(alias: str = "default") -> str:
