@@ -718,7 +718,7 @@ def test_processes_stop_gracefully_when_the_whole_process_group_is_signalled(
     default KillMode=control-group) is one request to stop, not two: both running jobs
     finish and are recorded done, and the parent exits 0.
 
-    Protection: the parent asks its children to stop with SIGUSR1, which a worker never
+    Protection: the parent asks its children to stop with SIGUSR2, which a worker never
     counts as a second signal. When it forwarded the SIGTERM it got, each child received
     two, exited at once with status 1 and left its job running until its lease ran out.
     """

@@ -5,11 +5,11 @@ threads). The parent restarts a child that dies, tells every child to finish its
 exit when it gets SIGTERM or SIGINT, and exits 0 when they all did. A second signal kills
 the children (SIGKILL) and the parent exits at once with status 1; leases recover the jobs.
 
-The parent asks with SIGUSR1, not by forwarding the signal it got. A signal often reaches
+The parent asks with SIGUSR2, not by forwarding the signal it got. A signal often reaches
 the children too: Ctrl-C signals the terminal's whole process group, and systemd's default
 ``KillMode=control-group`` signals every process of the unit. A forwarded SIGTERM would then
 be each child's second signal, which makes a worker exit at once, leaving its jobs running
-until their leases run out. SIGUSR1 stops a worker as its first signal does and is never
+until their leases run out. SIGUSR2 stops a worker as its first signal does and is never
 counted as a second one.
 """
 
@@ -64,7 +64,7 @@ class Supervisor:
         for child in self.children.values():
             if child.poll() is None:
                 if self.signals == 1:
-                    child.send_signal(signal.SIGUSR1)  # finish the jobs in hand, then exit
+                    child.send_signal(signal.SIGUSR2)  # finish the jobs in hand, then exit
                 else:
                     child.kill()
 

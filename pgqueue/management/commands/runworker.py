@@ -137,8 +137,8 @@ class Command(BaseCommand):
             signal.signal(sig, on_signal)
         # The --processes parent's request to stop (pgqueue.worker.supervisor): like a first
         # SIGTERM, but never a second one, since the signal that made the parent ask may
-        # have reached this process as well.
-        signal.signal(signal.SIGUSR1, lambda _signum, _frame: worker.request_stop())
+        # have reached this process as well. SIGUSR1 stays the project's (faulthandler, say).
+        signal.signal(signal.SIGUSR2, lambda _signum, _frame: worker.request_stop())
         try:
             status = worker.run()
         except DatabaseUnreachable as exc:
