@@ -12,8 +12,8 @@ from typing import Any
 from django.conf import settings
 from django.core.signals import setting_changed
 
-#: Every setting, its default and what it means. The README's configuration table is
-#: generated from the same words; keep them in step.
+#: Every setting and its default; the comments are for pgqueue's engineers. What each means
+#: to a user is HELP below, from which the settings reference is generated.
 DEFAULTS: dict[str, Any] = {
     # The database alias (a DATABASES key) that holds the queue's tables: every read and
     # write of pgqueue (services, API, admin, CLI, worker, maintenance, metrics) goes there.

@@ -33,7 +33,6 @@ import contextlib
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -47,7 +46,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.workers import scratch_database
+from tests.workers import clone_files, scratch_database
 
 REPO = Path(__file__).resolve().parent.parent
 TUTORIAL = REPO / "docs" / "tutorial.md"
@@ -211,22 +210,6 @@ def table(output: str, header_start: str) -> list[dict[str, str]]:
 def tenants(output: str) -> dict[str, dict[str, str]]:
     """``manage.py pgqueue tenants``' last table in ``output``, by tenant."""
     return {row["NAME"]: row for row in table(output, "NAME ")}
-
-
-def clone_files(destination: Path) -> None:
-    """The files a clone of this checkout has: tracked, or new and not ignored (as in
-    tests/test_wheel.py; an *.egg-info left here by an editable install stays out)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    for name in filter(None, listed.split("\0")):
-        if (REPO / name).is_file():  # not a file deleted but not yet committed
-            (destination / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, destination / name)
 
 
 def reader_environment(tmp_path: Path) -> dict[str, str]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -30,7 +29,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from tests.workers import scratch_database
+from tests.workers import clone_files, scratch_database
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -210,15 +209,9 @@ print(json.dumps(report))
 @pytest.mark.slow
 def test_the_wheel_installs_and_serves_every_page(tmp_path, project_database):
     # Built from the files a clone has (tracked, or new and not ignored), not from this
-    # checkout: an *.egg-info left here by an editable install lists files that a clone's
-    # build would leave out.
+    # checkout as it stands.
     source = tmp_path / "source"
-    listed = run("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard",
-                 cwd=REPO, env=dict(os.environ))  # fmt: skip
-    for name in filter(None, listed.split("\0")):
-        if (REPO / name).is_file():  # not a file deleted but not yet committed
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, source / name)
+    clone_files(source)
     dist = tmp_path / "dist"
     run(sys.executable, "-m", "build", "--outdir", dist, source, cwd=tmp_path,
         env=dict(os.environ))  # fmt: skip

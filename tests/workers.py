@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -95,6 +96,23 @@ def scratch_database(name: str) -> Iterator[dict[str, Any]]:
     finally:
         with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
             conn.execute(drop)
+
+
+def clone_files(destination: Path) -> None:
+    """Copy the files a clone of this checkout has to ``destination``: tracked, or new and
+    not ignored (an *.egg-info left here by an editable install lists files that a clone's
+    build would leave out)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for name in filter(None, listed.split("\0")):
+        if (REPO / name).is_file():  # not a file deleted but not yet committed
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, destination / name)
 
 
 def database_url(alias: str = "default") -> str:
