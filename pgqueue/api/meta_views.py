@@ -9,7 +9,7 @@ from typing import Any
 from django.db import connections
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, inline_serializer
 from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView
 from rest_framework import serializers, status
 from rest_framework.renderers import JSONRenderer
@@ -18,6 +18,7 @@ from rest_framework.response import Response
 
 from ..conf import queue_db
 from .errors import exception_handler, logger
+from .schema import extend_schema
 from .serializers import ErrorSerializer
 from .views import KnownQueryParams
 
@@ -59,7 +60,14 @@ class HealthView(KnownQueryParams):
 
 
 class SchemaView(SpectacularAPIView):
-    """The OpenAPI schema; its errors (a wrong method) answer in pgqueue's JSON form."""
+    """The OpenAPI schema; its errors (a wrong method) answer in pgqueue's JSON form.
+
+    Its own ``schema`` is drf-spectacular's, as every pgqueue view's is: without it the view
+    takes the project's ``REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]`` (DRF's own when unset),
+    which drf-spectacular's generator cannot call, and /schema would answer 500.
+    """
+
+    schema = AutoSchema()
 
     @extend_schema(
         summary="This OpenAPI schema (YAML; JSON with ?format=json)",

@@ -8,7 +8,7 @@ from typing import Any
 from django.db import transaction
 from django.http import HttpResponse
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
@@ -50,6 +50,7 @@ from .params import (
     _within_budget,
     limit_fields,
 )
+from .schema import extend_schema
 from .serializers import (
     BatchRequest,
     BatchResponse,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import decimal
 import json
+import uuid
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -12,9 +14,29 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import OperationalError, connections
 from django.utils.dateparse import parse_datetime
-from rest_framework.utils.encoders import JSONEncoder
 
 from ..conf import queue_db
+
+
+class JSONEncoder(json.JSONEncoder):
+    """The values the commands print, written as the HTTP API writes them: a datetime in
+    ISO 8601 with ``Z`` for UTC and its microseconds, a Decimal as a number. (The core does
+    not need DRF; this is the part of its encoder the commands use.)"""
+
+    def default(self, o: Any) -> Any:
+        if isinstance(o, dt.datetime):
+            text = o.isoformat()
+            return text[:-6] + "Z" if text.endswith("+00:00") else text
+        if isinstance(o, dt.date | dt.time):
+            return o.isoformat()
+        if isinstance(o, dt.timedelta):
+            return str(o.total_seconds())
+        if isinstance(o, decimal.Decimal):
+            return float(o)
+        if isinstance(o, uuid.UUID):
+            return str(o)
+        return super().default(o)
+
 
 #: Exit codes. argparse exits 2 for a usage error of its own; the commands use 2 too when
 #: the service layer refuses an argument (a weight of 0, an invalid tenant name).
