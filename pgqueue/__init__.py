@@ -30,16 +30,19 @@ from .exceptions import (
     PayloadTooLarge,
     PermanentError,
     PgQueueError,
+    Retry,
     TooManyQueues,
     UnknownTask,
 )
 from .registry import get_task
+from .retry import Backoff
 from .schedules import periodic
 
 if TYPE_CHECKING:
     from .services import Enqueued
 
 __all__ = [
+    "Backoff",
     "InvalidJob",
     "InvalidTransition",
     "JobCancelled",
@@ -48,6 +51,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "PgQueueError",
+    "Retry",
     "Task",
     "TooManyQueues",
     "UnknownTask",

@@ -201,6 +201,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("MAX_LOST_CLAIMS", 1, True),
         ("BACKOFF_BASE", 0, False),
         ("BACKOFF_CAP", 0, False),
+        ("MAX_RETRY_DELAY_SECONDS", 1, False),
+        ("MAX_SNOOZES", 0, True),
         ("POLL_SECONDS", 0.01, False),
         ("MAINTENANCE_SECONDS", 0.01, False),
         ("BATCH_SIZE", 1, True),
@@ -285,7 +287,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     return [
         Error(
             p,
-            hint="Fix settings.PGQUEUE; see the configuration table in the README.",
+            hint="Fix settings.PGQUEUE; every setting is in docs/reference/settings.md.",
             id="pgqueue.E003",
         )
         for p in problems

@@ -115,8 +115,11 @@ def fail_params(failures: Sequence[Any]) -> dict[str, Any]:
         "permanent": [f.permanent for f in failures],
         "started": [f.started for f in failures],
         "finished": [f.finished for f in failures],
+        "retry_in": [f.retry_in for f in failures],
+        "snooze": [f.snooze for f in failures],
         "backoff_base": float(pgqueue_settings.BACKOFF_BASE),
         "backoff_cap": float(pgqueue_settings.BACKOFF_CAP),
+        "max_snoozes": int(pgqueue_settings.MAX_SNOOZES),
     }
 
 

@@ -36,6 +36,10 @@ DEFAULTS: dict[str, Any] = {
     # Retry backoff: random(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1))) seconds.
     "BACKOFF_BASE": 1.0,
     "BACKOFF_CAP": 300.0,
+    # The longest a task's own backoff, or a handler's pgqueue.Retry(in_=...), may put a job off.
+    "MAX_RETRY_DELAY_SECONDS": 7 * 86400.0,
+    # Snoozes (pgqueue.Retry) one job may take without spending an attempt.
+    "MAX_SNOOZES": 100,
     # Attempts a job gets when neither the task nor the enqueue call says otherwise (1..100).
     "DEFAULT_MAX_ATTEMPTS": 5,
     "DEFAULT_QUEUE": "default",
@@ -63,7 +67,7 @@ DEFAULTS: dict[str, Any] = {
     # tenant's virtual clock by 1 / weight) or "time" (worker time: each job advances it by
     # its run time / weight, estimated from its task's mean when it becomes runnable and
     # corrected by maintenance once it has run). Applies to jobs that become runnable
-    # after the change. See "Fairness by worker time" in the README.
+    # after the change. See docs/explanation/fairness.md.
     "FAIRNESS": "jobs",
     # With FAIRNESS = "time": seconds charged for a job of a task with no finished attempt
     # yet, and the least any job is charged (so that no-op jobs are not free).
@@ -207,6 +211,14 @@ HELP: dict[str, str] = {
     "HEARTBEAT_SECONDS": ("Seconds between heartbeats; `None` means `LEASE_SECONDS / 3`"),
     "BACKOFF_BASE": ("Retry backoff base, in seconds"),
     "BACKOFF_CAP": ("Largest retry backoff, in seconds"),
+    "MAX_RETRY_DELAY_SECONDS": (
+        "Longest delay a task's `backoff` may give a retry, or `pgqueue.Retry(in_=...)` a "
+        "snooze; a longer one is cut to it"
+    ),
+    "MAX_SNOOZES": (
+        "Times one job may snooze (`raise pgqueue.Retry(in_=...)`) without spending an "
+        "attempt; past it a snooze counts as a failed attempt"
+    ),
     "DEFAULT_MAX_ATTEMPTS": (
         "Attempts a job gets unless its task or the enqueue call says otherwise (1..100)"
     ),

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .registry import Handler, RegisteredTask, register
+from .retry import Backoff, BackoffFunction, policy
 
 if TYPE_CHECKING:
     from .services import Enqueued
@@ -103,6 +104,9 @@ def task(
     timeout: float | dt.timedelta | None = None,
     concurrency_key: str | Callable[[Any], str | None] | None = None,
     key_max_running: int | None = None,
+    retry_on: type[BaseException] | Iterable[type[BaseException]] | None = None,
+    discard_on: type[BaseException] | Iterable[type[BaseException]] | None = None,
+    backoff: Backoff | BackoffFunction | None = None,
 ) -> Callable[[Handler], Task]:
     """Register ``func(payload, job)`` as a task.
 
@@ -113,11 +117,19 @@ def task(
     ``concurrency_key`` (text, or a function of the payload giving text or None) and
     ``key_max_running`` cap the task's jobs per key (``pgqueue.enqueue`` says how), and
     are checked here too.
+
+    The retry policy (``pgqueue.retry``): ``retry_on`` (exception classes) retries only
+    those, any other error ends the job dead at once; ``discard_on`` ends it dead at once
+    on those (it wins over ``retry_on``); ``backoff`` is a ``pgqueue.Backoff(base, cap,
+    jitter)`` or a function ``(attempt, error) -> seconds`` for the wait before the next
+    attempt. Unset, every error is retried with the global backoff. ``PermanentError``
+    always ends the job, and ``raise pgqueue.Retry(in_=...)`` always snoozes it.
     """
     from .key_models import KEY_MAX_LENGTH, KEY_MAX_RUNNING_BOUND
     from .timeouts import validate_timeout
 
     seconds = validate_timeout(timeout)
+    retry = policy(retry_on, discard_on, backoff)
     fixed_key = concurrency_key is not None and not callable(concurrency_key)
     if fixed_key and not (
         isinstance(concurrency_key, str) and 1 <= len(concurrency_key) <= KEY_MAX_LENGTH
@@ -140,6 +152,7 @@ def task(
             seconds,
             concurrency_key,
             key_max_running,
+            retry,
         )
         register(registered)
         return registered

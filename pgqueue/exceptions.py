@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 
 class PgQueueError(Exception):
     """A pgqueue error."""
@@ -24,6 +26,29 @@ class PermanentError(PgQueueError):
     """
 
     code = "permanent_error"
+
+
+class Retry(PgQueueError):
+    """The handler asked to run again later: not a failure, and no attempt is spent.
+
+    ``raise pgqueue.Retry(in_=30)`` (seconds or a timedelta, above 0 and at most
+    ``PGQUEUE["MAX_RETRY_DELAY_SECONDS"]``) puts the job back, scheduled that much later,
+    with its attempt given back: a snooze, for "not yet" rather than "went wrong" (a rate
+    limit of the service it calls, a resource not ready). A job may snooze at most
+    ``PGQUEUE["MAX_SNOOZES"]`` times; past that a snooze counts as a failed attempt (and
+    backs off, or ends the job dead, like any failure), so none snoozes for ever.
+    """
+
+    code = "retry"
+
+    def __init__(self, in_: float | dt.timedelta, reason: str | None = None) -> None:
+        seconds = in_.total_seconds() if isinstance(in_, dt.timedelta) else in_
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise TypeError("Retry(in_=...) takes seconds (a number) or a timedelta")
+        self.seconds = float(seconds)
+        self.reason = reason
+        why = f": {reason}" if reason else ""
+        super().__init__(f"snoozed for {self.seconds:g} s{why}")
 
 
 class JobCancelled(PgQueueError):

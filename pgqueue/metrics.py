@@ -144,7 +144,8 @@ class PgQueueCollector(Collector):
             rows[(task, outcome)].append((le, count, seconds))
         outcomes = CounterMetricFamily(
             "pgqueue_job_outcomes",
-            "Finished attempts by task and outcome (done, failed, lease_expired, cancelled)",
+            "Finished attempts by task and outcome "
+            "(done, failed, lease_expired, cancelled, snoozed)",
             labels=["task", "outcome"],
         )
         run_time = HistogramMetricFamily(

@@ -53,6 +53,7 @@ class Outcome(models.TextChoices):
     FAILED = "failed"
     LEASE_EXPIRED = "lease_expired"
     CANCELLED = "cancelled"
+    SNOOZED = "snoozed"  # pgqueue.Retry: put off, not an attempt spent
 
 
 class Tenant(models.Model):
@@ -191,6 +192,12 @@ class Job(models.Model):
         default=0,
         db_default=0,
         help_text="leases lost before its start was recorded, not counted as attempts",
+    )
+    # Times its handler snoozed it (pgqueue.Retry), each without spending an attempt; past
+    # PGQUEUE["MAX_SNOOZES"] a snooze counts as a failed attempt (JOB_FAIL_MANY). A retry
+    # starts it from 0 again.
+    snoozes = models.IntegerField(
+        default=0, db_default=0, help_text="snoozes taken (pgqueue.Retry), not attempts"
     )
 
     class Meta:

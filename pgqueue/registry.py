@@ -37,6 +37,8 @@ class RegisteredTask:
     #: Its jobs' concurrency key: text, or a function of the payload (None: no key).
     concurrency_key: str | Callable[[Any], str | None] | None = None
     key_max_running: int | None = None  # the cap per key (None: DEFAULT_KEY_MAX_RUNNING)
+    #: Its ``pgqueue.retry.RetryPolicy`` (None: every error retried, the global backoff).
+    retry: Any = None
 
     def __call__(self, payload: Any, job: Any) -> Any:
         return self.func(payload, job)

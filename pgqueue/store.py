@@ -33,6 +33,10 @@ class Failure:
     permanent: bool = False
     started: dt.datetime | None = None
     finished: dt.datetime | None = None
+    #: Seconds to the next attempt, the task's backoff (None: the global backoff).
+    retry_in: float | None = None
+    #: Seconds to snooze (pgqueue.Retry): scheduled again with the attempt given back.
+    snooze: float | None = None
 
 
 def _ids(rows: Iterable[Sequence[Any]]) -> list[int]:
@@ -174,9 +178,10 @@ def complete_many(
 def fail_many(
     cursor: Any, *, worker: str, failures: Sequence[Failure], now: dt.datetime | None = None
 ) -> dict[int, str]:
-    """Record failures, backoffs counted from ``now``.
+    """Record failures (and snoozes), backoffs counted from ``now``.
 
-    Returns ``{job id: new status}`` for those not fenced out.
+    Returns ``{job id: new status}`` for those not fenced out: 'scheduled', 'dead', or
+    'snoozed' for a job a snooze scheduled.
     """
     cursor.execute(sql.JOB_FAIL_MANY, {"worker": worker, "now": now, **fail_params(failures)})
     return {row[0]: row[1] for row in cursor.fetchall()}

@@ -70,40 +70,61 @@ SELECT id FROM done
 -- name: JOB_FAIL_MANY
 -- Gives back the jobs' limit rows (uncount_lock; locked in id order, waiting, after the jobs).
 -- Record failures for jobs this worker holds. Out of attempts, or a permanent error, means
--- dead; otherwise back to scheduled with full-jitter exponential backoff from its end,
--- outside the claim index until JOB_PROMOTE_DUE gives it a fresh vtime. Fenced like
--- JOB_COMPLETE_MANY (a cancel request committed first wins here too). Writes one attempt
--- row per job with the error and traceback. A timeout the worker enforces is recorded
--- here too, as a failure whose error says "timed out after N s". The handler's start and
--- end are kept within what the database saw, as in JOB_COMPLETE_MANY.
+-- dead; otherwise back to scheduled after a backoff from its end: %(retry_in)s seconds when
+-- the task's own backoff gave them (pgqueue.retry), else the global full-jitter exponential
+-- one; outside the claim index until JOB_PROMOTE_DUE gives it a fresh vtime. A snooze
+-- (%(snooze)s seconds, pgqueue.Retry) is not a failure: the job is scheduled that much
+-- later with its attempt given back (attempts - 1, as JOB_RELEASE_MANY does) and counted
+-- in snoozes, until it has taken %(max_snoozes)s of them: a snooze past that is a failed
+-- attempt like any other. Fenced like JOB_COMPLETE_MANY (a cancel request committed first
+-- wins here too). Writes one attempt row per job ('failed', or 'snoozed') with the error
+-- and traceback. A timeout the worker enforces is recorded here too, as a failure whose
+-- error says "timed out after N s". The handler's start and end are kept within what the
+-- database saw, as in JOB_COMPLETE_MANY.
 -- Locks: the matched job rows, until the worker's transaction commits, at once.
 -- Index: pgqueue_job_pkey (PK lookups); the rows move from pgqueue_job_lease to
 --   pgqueue_job_scheduled.
+-- Returns each recorded job's new status ('scheduled', 'dead', or 'snoozed' for one
+-- scheduled by a snooze) and run_at.
 -- Called by: store.fail_many, from the worker runtime (with JOB_COMPLETE_MANY and
 --   JOB_CLAIM, in one transaction).
 WITH input AS (
     SELECT i.*, LEAST(i.finished, COALESCE(%(now)s::timestamptz, clock_timestamp())) AS ended
       FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[],
                   %(tracebacks)s::text[], %(permanent)s::bool[], %(started)s::timestamptz[],
-                  %(finished)s::timestamptz[])
-        AS i(id, attempt, error, tb, permanent, started, finished)
+                  %(finished)s::timestamptz[], %(retry_in)s::float8[], %(snooze)s::float8[])
+        AS i(id, attempt, error, tb, permanent, started, finished, retry_in, snooze)
+),
+-- How each one ends: snoozed, dead or retried. Only the lease holder changes attempts and
+-- snoozes, so reading them unlocked here agrees with the row the UPDATE below fences.
+decided AS (
+    SELECT i.*, j.attempts, j.snoozes,
+           (i.snooze IS NOT NULL AND j.snoozes < %(max_snoozes)s) AS snoozed,
+           (i.snooze IS NULL OR j.snoozes >= %(max_snoozes)s)
+             AND (i.permanent OR j.attempts >= j.max_attempts) AS dead
+      FROM input i JOIN pgqueue_job j ON j.id = i.id
 ),
 failed AS (
     UPDATE pgqueue_job j
-       SET status = CASE WHEN (i.permanent OR j.attempts >= j.max_attempts) THEN 'dead' ELSE 'scheduled' END,
-           run_at = CASE WHEN (i.permanent OR j.attempts >= j.max_attempts) THEN j.run_at
-                         ELSE i.ended + random() * LEAST(%(backoff_cap)s::float8, %(backoff_base)s::float8 * power(2.0, GREATEST(j.attempts - 1, 0)))
+       SET status = CASE WHEN d.dead THEN 'dead' ELSE 'scheduled' END,
+           run_at = CASE WHEN d.dead THEN j.run_at
+                         WHEN d.snoozed THEN d.ended + d.snooze * interval '1 second'
+                         ELSE d.ended + COALESCE(d.retry_in, random() * LEAST(%(backoff_cap)s::float8, %(backoff_base)s::float8 * power(2.0, GREATEST(j.attempts - 1, 0))))
                               * interval '1 second' END,
-           finished_at = CASE WHEN (i.permanent OR j.attempts >= j.max_attempts) THEN i.ended END,
-           started_at = LEAST(GREATEST(j.claimed_at, i.started), i.ended),
-           last_error = i.error,
+           attempts = CASE WHEN d.snoozed THEN j.attempts - 1 ELSE j.attempts END,
+           snoozes = CASE WHEN d.snoozed THEN j.snoozes + 1 ELSE j.snoozes END,
+           finished_at = CASE WHEN d.dead THEN d.ended END,
+           started_at = LEAST(GREATEST(j.claimed_at, d.started), d.ended),
+           last_error = CASE WHEN d.snooze IS NOT NULL AND NOT d.snoozed
+                             THEN format('snoozed %%s times, the most PGQUEUE[''MAX_SNOOZES''] allows: a failed attempt (%%s)', j.snoozes, d.error)
+                             ELSE d.error END,
            lease_expires_at = NULL
-      FROM input i
-     WHERE j.id = i.id AND j.attempts = i.attempt
+      FROM decided d
+     WHERE j.id = d.id AND j.attempts = d.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
        AND j.cancel_requested_at IS NULL  -- a cancel request committed first wins
-    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, i.ended, j.status, j.run_at,
-              i.error, i.tb, j.limit_ids
+    RETURNING j.id, d.attempt, j.claimed_at, j.started_at, d.ended, j.status, j.run_at,
+              j.last_error, d.tb, j.limit_ids, d.snoozed
 ),
 uncount_n AS MATERIALIZED (
     SELECT u.lid, count(*) AS n
@@ -125,10 +146,11 @@ history AS (
     INSERT INTO pgqueue_job_attempt
            (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error,
             traceback)
-    SELECT id, attempts, %(worker)s, claimed_at, started_at, ended, 'failed', error, tb
+    SELECT id, attempt, %(worker)s, claimed_at, started_at, ended,
+           CASE WHEN snoozed THEN 'snoozed' ELSE 'failed' END, last_error, tb
       FROM failed
 )
-SELECT id, status, run_at FROM failed
+SELECT id, CASE WHEN snoozed THEN 'snoozed' ELSE status END, run_at FROM failed
 
 
 -- name: JOB_HEARTBEAT_MANY
@@ -548,7 +570,7 @@ SELECT id, status FROM failed
 -- Index: pgqueue_job_pkey (PK lookups); the rows join pgqueue_job_scheduled.
 -- Called by: store.retry_many, from services.retry_jobs (admin, HTTP API, Python API).
 UPDATE pgqueue_job
-   SET status = 'scheduled', attempts = 0, lost_claims = 0, vtime = NULL, result = NULL,
+   SET status = 'scheduled', attempts = 0, lost_claims = 0, snoozes = 0, vtime = NULL, result = NULL,
        run_at = GREATEST(run_at, now()), lease_owner = NULL, lease_expires_at = NULL,
        claimed_at = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL,
        key_state = CASE WHEN concurrency_key IS NULL OR key_state = 'held' THEN key_state

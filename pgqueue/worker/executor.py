@@ -31,9 +31,11 @@ from typing import Any, TypeVar
 
 from django.db import close_old_connections
 
-from ..exceptions import PermanentError, UnknownTask
+from .. import signals
+from ..exceptions import PermanentError, Retry, UnknownTask
 from ..log import job_context
 from ..registry import get_task
+from ..retry import RetryPolicy, bounded_delay
 from ..store import ClaimedJob
 from .context import JobContext
 from .outcome_text import (
@@ -58,6 +60,10 @@ class HandlerOutcome:
     error: str | None = None
     traceback: str | None = None
     permanent: bool = False
+    #: Seconds before the next attempt, from the task's backoff (None: the global one).
+    retry_in: float | None = None
+    #: Seconds to snooze (``pgqueue.Retry``): not a failure, the attempt given back.
+    snooze: float | None = None
     duration: float = 0.0  # seconds the handler ran (ended - ctx.began)
     #: time.monotonic() when the handler returned or raised; None when it did not run or
     #: the worker ended the attempt first (the outcome is recorded as of then).
@@ -337,6 +343,7 @@ def run_handler(
     outcome = HandlerOutcome(ctx, ok=False)
     try:
         with job_context(ctx):
+            signals.send(signals.job_started, ctx.task, job=ctx)
             value = get_task(ctx.task).func(ctx.payload, ctx)
             if await_ is not None and inspect.isawaitable(value):
                 value = await_(_in_job(ctx, value))
@@ -359,6 +366,7 @@ async def run_async_handler(ctx: JobContext, func: Callable[..., Awaitable[Any]]
     outcome = HandlerOutcome(ctx, ok=False)
     try:
         with job_context(ctx):
+            signals.send(signals.job_started, ctx.task, job=ctx)
             value = await func(ctx.payload, ctx)
         _returned(outcome, value)
     except (*HANDLER_ERRORS, asyncio.CancelledError) as exc:
@@ -396,7 +404,29 @@ def _returned(outcome: HandlerOutcome, value: Any) -> None:
 
 
 def _raised(outcome: HandlerOutcome, exc: BaseException) -> None:
-    """Called in the ``except`` block, while the traceback is at hand."""
+    """Called in the ``except`` block, while the traceback is at hand. The task's retry
+    policy (``pgqueue.retry``) decides here whether the error is worth another attempt and
+    when; a ``pgqueue.Retry`` is a snooze, not a failure."""
     outcome.error = describe_error(exc)
-    outcome.permanent = isinstance(exc, PermanentError)
+    if isinstance(exc, Retry):
+        seconds = bounded_delay(exc.seconds)
+        if seconds is not None and seconds > 0:
+            outcome.snooze = seconds
+            outcome.error = storable_text(str(exc), ERROR_MAX_BYTES)
+            return
+        outcome.error = f"Retry(in_={exc.seconds!r}): a snooze needs a delay above 0 seconds"
     outcome.traceback = format_traceback()
+    policy = _policy_of(outcome.ctx.task)
+    if policy is None:
+        outcome.permanent = isinstance(exc, PermanentError)
+        return
+    outcome.permanent = policy.permanent(exc)
+    if not outcome.permanent:
+        outcome.retry_in = policy.delay(outcome.ctx.attempt, exc)
+
+
+def _policy_of(task: str) -> RetryPolicy | None:
+    try:
+        return get_task(task).retry
+    except Exception:  # an unknown task: its failure is already the outcome
+        return None

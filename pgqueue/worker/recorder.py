@@ -13,13 +13,14 @@ has no handler for): not an attempt.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from collections.abc import Iterable
 from typing import Any
 
 import psycopg
 
-from .. import claim_store, key_store, stop_store, store
+from .. import claim_store, key_store, signals, stop_store, store
 from ..claim_store import Success
 from .clock import DatabaseClock
 from .connection import CONNECTION_ERRORS, error_text
@@ -30,6 +31,20 @@ logger = logging.getLogger("pgqueue.worker")
 
 #: Most job ids the INFO line of a recorded batch names (then ``,+N`` more).
 LOGGED_IDS = 20
+
+
+def announce(outcomes: list[tuple[str, HandlerOutcome]]) -> None:
+    """Send the signals of recorded, committed outcomes (``pgqueue.signals``): a success,
+    a failure to be retried, a dead job. A snooze or a cancellation sends none."""
+    for outcome, o in outcomes:
+        ctx = o.ctx
+        if outcome == "done":
+            if signals.job_succeeded.receivers:  # decode the result only for a receiver
+                result = None if o.result_json is None else json.loads(o.result_json)
+                signals.send(signals.job_succeeded, ctx.task, job=ctx, result=result)
+        elif outcome in ("failed", "dead"):
+            signal = signals.job_failed if outcome == "failed" else signals.job_dead
+            signals.send(signal, ctx.task, job=ctx, error=o.error, traceback=o.traceback)
 
 
 class OutcomeRecorder:
@@ -50,6 +65,9 @@ class OutcomeRecorder:
         self.unknown_task_delay = unknown_task_delay
         #: Outcomes dealt with (recorded, fenced out or left to lease recovery).
         self.finished = 0
+        #: The new status of each failure recorded and not yet logged ('scheduled', 'dead',
+        #: 'snoozed'), from JOB_FAIL_MANY: what ``log`` reports and signals.
+        self.statuses: dict[int, str] = {}
         #: The tasks without a handler already logged (at ERROR, once each).
         self.unknown_tasks_logged: set[str] = set()
         #: Claimed jobs of tasks without a handler, held (their leases renewed) until
@@ -66,7 +84,14 @@ class OutcomeRecorder:
         ]
         failures = [
             store.Failure(
-                o.ctx.id, o.ctx.attempt, o.error or "", o.traceback, o.permanent, *self.times(o)
+                o.ctx.id,
+                o.ctx.attempt,
+                o.error or "",
+                o.traceback,
+                o.permanent,
+                *self.times(o),
+                retry_in=o.retry_in,
+                snooze=o.snooze,
             )
             for o in live
             if not o.ok
@@ -97,7 +122,9 @@ class OutcomeRecorder:
         if successes:
             recorded |= store.complete_many(cur, worker=self.worker_id, results=successes)
         if failures:
-            recorded |= set(store.fail_many(cur, worker=self.worker_id, failures=failures))
+            statuses = store.fail_many(cur, worker=self.worker_id, failures=failures)
+            self.statuses.update(statuses)
+            recorded |= set(statuses)
         recorded |= self.cancel_refused(cur, outcomes, recorded)
         key_store.settle(cur, sorted(recorded))  # their concurrency keys' slots, if any
         return recorded
@@ -216,7 +243,8 @@ class OutcomeRecorder:
         of ids, and an operator still sees every failure (its job, attempt and error) and every
         outcome lost with its lease.
         """
-        counts = {"done": 0, "failed": 0, "dead": 0, "cancelled": 0, "discarded": 0}
+        counts = {"done": 0, "failed": 0, "dead": 0, "cancelled": 0, "discarded": 0, "snoozed": 0}
+        announced: list[tuple[str, HandlerOutcome]] = []
         debug = logger.isEnabledFor(logging.DEBUG)
         for o in outcomes:
             self.finished += 1
@@ -235,15 +263,21 @@ class OutcomeRecorder:
                     o.duration * 1000,
                 )
                 continue
-            outcome = "done" if o.ok else ("dead" if o.permanent else "failed")
-            if not o.ok and not o.permanent and ctx.attempt >= ctx.max_attempts:
-                outcome = "dead"
+            status = self.statuses.pop(ctx.id, None)
+            if o.ok:
+                outcome = "done"
+            elif status is not None:  # as JOB_FAIL_MANY decided
+                outcome = {"dead": "dead", "snoozed": "snoozed"}.get(status, "failed")
+            else:
+                outcome = "dead" if o.permanent or ctx.attempt >= ctx.max_attempts else "failed"
             if ctx.stop_reason == "cancelled":  # its cancel request won the race
                 outcome = "cancelled"
             counts[outcome] += 1
+            announced.append((outcome, o))
             if o.ok and not debug:
                 continue
-            (logger.debug if o.ok else logger.warning)(
+            level = {"done": logger.debug, "snoozed": logger.info}.get(outcome, logger.warning)
+            level(
                 "job=%d task=%s tenant=%s queue=%s attempt=%d outcome=%s duration_ms=%.1f%s",
                 ctx.id,
                 ctx.task,
@@ -260,16 +294,18 @@ class OutcomeRecorder:
             more = f",+{len(ids) - LOGGED_IDS}" if len(ids) > LOGGED_IDS else ""
             logger.info(
                 "event=recorded jobs=%d done=%d failed=%d dead=%d cancelled=%d discarded=%d"
-                " ids=%s%s",
+                " snoozed=%d ids=%s%s",
                 len(outcomes),
                 counts["done"],
                 counts["failed"],
                 counts["dead"],
                 counts["cancelled"],
                 counts["discarded"],
+                counts["snoozed"],
                 shown,
                 more,
             )
+        announce(announced)
 
     def release(
         self, db: psycopg.Connection, unstarted: list[JobContext], *, reason: str = "stopping"

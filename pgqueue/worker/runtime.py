@@ -295,6 +295,7 @@ class WorkerLoop(JobsInHand):
             # Claim again at once after recording; a refused claim waits for the next poll.
             return had_outcomes
         # Committed: the outcomes are durable and the claims are ours.
+        self.recorder.statuses.update(done.failed)
         self.recorder.log(self.pending, recorded)
         self.pending = []
         self._dispatch(done.jobs)

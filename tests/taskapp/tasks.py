@@ -311,3 +311,55 @@ def leave_behind(payload, job):
             os._exit(0)
     Path(payload["pid_file"]).write_text(str(pid))
     return {"child": pid}
+
+
+# -- retry policies, snoozes and signals (tests/test_retry_policies.py) ---------------------
+
+
+class Flaky(Exception):
+    """An error worth another attempt (test.policy's retry_on)."""
+
+
+class Fatal(Exception):
+    """An error no attempt will fix (test.policy's discard_on)."""
+
+
+@pgqueue.task(
+    name="test.policy",
+    max_attempts=3,
+    retry_on=(Flaky, Fatal),
+    discard_on=Fatal,
+    backoff=pgqueue.Backoff(base=100, cap=150, jitter=False),
+)
+def policy(payload, job):
+    """Raise what ``payload["raise"]`` names: "flaky", "fatal" or "other" (a KeyError)."""
+    raise {"flaky": Flaky, "fatal": Fatal, "other": KeyError}[payload["raise"]](payload["raise"])
+
+
+def _attempt_times_1000(attempt, error):
+    if isinstance(error, LookupError):
+        raise RuntimeError("a backoff function that fails")
+    return attempt * 1000
+
+
+@pgqueue.task(name="test.backoff_function", max_attempts=3, backoff=_attempt_times_1000)
+def backoff_function(payload, job):
+    """Fail with a ValueError (backoff: attempt * 1000 s), or a KeyError ("lookup"), for
+    which the backoff function itself fails."""
+    raise (KeyError if payload.get("lookup") else ValueError)("again")
+
+
+@pgqueue.task(name="test.snooze", max_attempts=2)
+def snooze(payload, job):
+    """Snooze (pgqueue.Retry) until ``payload["times"]`` snoozes are in the job's history,
+    then return how many there were."""
+    from pgqueue.models import JobAttempt
+
+    snoozed = JobAttempt.objects.filter(job_id=job.id, outcome="snoozed").count()
+    if snoozed < payload["times"]:
+        raise pgqueue.Retry(in_=payload.get("in", 0.05), reason="not yet")
+    return {"snoozed": snoozed, "attempt": job.attempt}
+
+
+if os.environ.get("TESTS_SIGNAL_LOG"):
+    from tests.taskapp import signal_receivers  # noqa: F401  (tests/test_retry_policies.py)
