@@ -12,7 +12,8 @@ RUN useradd --create-home --uid 10001 pgqueue
 
 COPY pyproject.toml README.md ./
 COPY pgqueue ./pgqueue
-RUN pip install --no-cache-dir . "gunicorn>=22" "whitenoise>=6.6"
+# The demo serves the HTTP API: pgqueue with its `api` extra.
+RUN pip install --no-cache-dir ".[api]" "gunicorn>=22" "whitenoise>=6.6"
 
 COPY manage.py ./
 COPY demo_project ./demo_project

@@ -40,6 +40,7 @@ html_static_path: list[str] = []
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_default_options = {"members": False}
+# Members only where a page lists them (`:members: a, b`).
+autodoc_default_options: dict = {}
 # Type hints name Django and psycopg classes this site does not document.
 nitpicky = False

@@ -8,6 +8,7 @@ Public API::
     def word_count(payload, job): ...
 
     job, created = pgqueue.enqueue("word_count", {"text": "hi"}, tenant="acme")
+    count = job.wait(timeout=30)  # or pgqueue.result(job.id, timeout=30), once committed
     ids = pgqueue.enqueue_many("word_count", [{"text": "a"}, {"text": "b"}], tenant="acme")
 
 Delivery is at-least-once; a job's completion is recorded exactly once (fenced by lease
@@ -25,11 +26,14 @@ from .exceptions import (
     InvalidJob,
     InvalidTransition,
     JobCancelled,
+    JobFailed,
+    JobNotCommitted,
     JobNotFound,
     JobTimedOut,
     PayloadTooLarge,
     PermanentError,
     PgQueueError,
+    ResultTimeout,
     Retry,
     TooManyQueues,
     UnknownTask,
@@ -46,11 +50,14 @@ __all__ = [
     "InvalidJob",
     "InvalidTransition",
     "JobCancelled",
+    "JobFailed",
+    "JobNotCommitted",
     "JobNotFound",
     "JobTimedOut",
     "PayloadTooLarge",
     "PermanentError",
     "PgQueueError",
+    "ResultTimeout",
     "Retry",
     "Task",
     "TooManyQueues",
@@ -59,6 +66,7 @@ __all__ = [
     "enqueue_many",
     "get_task",
     "periodic",
+    "result",
     "task",
 ]
 
@@ -162,3 +170,26 @@ def enqueue_many(
         key_max_running=key_max_running,
         using=using,
     )
+
+
+def result(
+    job_id: int, timeout: float | dt.timedelta | None = None, *, using: str | None = None
+) -> Any:
+    """Wait for the job ``job_id`` to end and return its result (what its handler
+    returned); ``job.wait(timeout)`` does the same for a ``Job``.
+
+    Woken by PostgreSQL (LISTEN/NOTIFY) the moment the job's end commits, not by polling.
+    Wait only for a committed job: from inside the transaction that enqueued it, no worker
+    can see it, and ``JobNotCommitted`` is raised at once.
+
+    :param timeout: seconds (or a timedelta) to wait at most; None: as long as it takes.
+    :param using: the database alias of the queue.
+    :raises JobFailed: the job ended ``dead`` or ``cancelled`` (``.status``,
+        ``.last_error``, ``.job_id``). A failure that will be retried does not end it.
+    :raises ResultTimeout: a ``TimeoutError``: not ended within ``timeout``.
+    :raises JobNotFound: no such job.
+    :raises JobNotCommitted: the job is in the caller's open transaction.
+    """
+    from .results import result as _result
+
+    return _result(job_id, timeout, using=using)

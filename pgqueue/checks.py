@@ -220,9 +220,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("UNKNOWN_TASK_DELAY_SECONDS", 0, False),
         ("MAX_TIMEOUT_SECONDS", 1, False),
         ("LIMITS_RECOUNT_SECONDS", 0.01, False),
+        ("RESULT_RECHECK_SECONDS", 0.01, False),
         ("LIMITS_GATE_BATCH", 1, True),
         ("METRICS_LIMIT_SERIES", 1, True),
         ("KEY_ADMIT_BATCH", 1, True),
+        ("PERIODIC_MIN_INTERVAL_SECONDS", 1, True),
     ]:
         problem = _number(name, getattr(s, name), minimum=minimum, integer=integer)
         if problem:
@@ -311,7 +313,7 @@ def check_periodic(app_configs: Any = None, **kwargs: Any) -> list:
         return [
             Error(
                 f"PGQUEUE['PERIODIC'] must be a list of dicts, got {entries!r}.",
-                hint="See the README's Periodic jobs section.",
+                hint="See docs/guide/periodic.md.",
                 id="pgqueue.E004",
             )
         ]
@@ -327,10 +329,7 @@ def check_periodic(app_configs: Any = None, **kwargs: Any) -> list:
             schedules.resolve(schedule, now)
         except (PgQueueError, ValueError) as exc:
             problems.append(f"periodic schedule {schedule.name!r}: {exc}")
-    return [
-        Error(p, hint="See the README's Periodic jobs section.", id="pgqueue.E004")
-        for p in problems
-    ]
+    return [Error(p, hint="See docs/guide/periodic.md.", id="pgqueue.E004") for p in problems]
 
 
 def _retention_problems(retention: Any) -> list[str]:
@@ -436,7 +435,7 @@ def check_api_scope(app_configs: Any = None, **kwargs: Any) -> list:
     return [
         Error(
             p,
-            hint="Fix settings.PGQUEUE; see the Security model section of the README.",
+            hint="Fix settings.PGQUEUE; see docs/explanation/security.md.",
             id="pgqueue.E005",
         )
         for p in problems

@@ -91,6 +91,11 @@ DEFAULTS: dict[str, Any] = {
     "UNKNOWN_TASK_DELAY_SECONDS": 60.0,
     # The LISTEN/NOTIFY channel workers wake on.
     "NOTIFY_CHANNEL": "pgqueue",
+    # Seconds between the safety re-reads of a job that pgqueue.result / Job.wait waits
+    # for. A notification on the channel pgqueue_finished (sent by the statement that ends
+    # the job, on commit) wakes the wait at once; the re-read only finds an end whose
+    # notification was missed, so it can be slow: it is one primary-key read per waiter.
+    "RESULT_RECHECK_SECONDS": 5.0,
     # Modules looked up in every installed app for @pgqueue.task definitions.
     "TASK_MODULES": ["tasks"],
     # Serve /metrics and /stats without credentials.
@@ -123,10 +128,15 @@ DEFAULTS: dict[str, Any] = {
     # run it.
     "PREFETCH_HOLD_SECONDS": 0.05,
     # Periodic schedules declared in settings, besides those of @pgqueue.periodic: dicts
-    # with "cron" and "task", and optionally "name" (default: the task's), "tenant",
-    # "queue", "priority", "max_attempts", "payload", "missed" ("run_once" or "skip") and
-    # "timezone" (default: TIME_ZONE). Synced to pgqueue_periodic when a worker starts.
+    # with "task" and either "cron" or "every" (an interval: seconds or a timedelta), and
+    # optionally "name" (default: the task's), "tenant", "queue", "priority",
+    # "max_attempts", "payload", "missed" ("run_once" or "skip") and "timezone" (cron only;
+    # default: TIME_ZONE). Synced to pgqueue_periodic when a worker starts.
     "PERIODIC": [],
+    # The shortest interval (every=) a periodic schedule may have, in whole seconds (at
+    # least 1): checked when a schedule is declared, synced, created or edited. A schedule
+    # fires at most once per maintenance pass (MAINTENANCE_SECONDS), whatever its interval.
+    "PERIODIC_MIN_INTERVAL_SECONDS": 1,
     # How long finished jobs are kept, per status: seconds or a datetime.timedelta after
     # finished_at; None keeps that status forever. A dict naming only some statuses
     # overrides those and keeps the defaults of the others. A job's attempt rows and its
@@ -267,6 +277,11 @@ HELP: dict[str, str] = {
         "it back (the attempt not counted)"
     ),
     "NOTIFY_CHANNEL": ("LISTEN/NOTIFY channel for wake-ups"),
+    "RESULT_RECHECK_SECONDS": (
+        "Seconds between the safety re-reads of a job that `pgqueue.result` or `Job.wait` "
+        "waits for; a notification wakes the wait as soon as the job ends, the re-read only "
+        "finds an end whose notification was missed"
+    ),
     "TASK_MODULES": ("Modules imported from every installed app to find tasks"),
     "METRICS_PUBLIC": ("Serve `/metrics` and `/stats` without credentials"),
     "API_RATE_LIMIT": ('Per-key rate limit of the HTTP API, e.g. `"100/s"`; `None` is no limit'),
@@ -293,6 +308,10 @@ HELP: dict[str, str] = {
         "and gets none ahead"
     ),
     "PERIODIC": ('Periodic schedules declared in settings (see "Periodic jobs")'),
+    "PERIODIC_MIN_INTERVAL_SECONDS": (
+        "Shortest interval (`every=`) of a periodic schedule, in whole seconds (at least 1); "
+        "the longest is 365 days. A schedule fires at most once per maintenance pass"
+    ),
     "RETENTION": (
         "Seconds (or a `timedelta`) a finished job is kept after `finished_at`, per status; "
         "`None` keeps that status forever; a partial dict keeps the defaults of the statuses it "

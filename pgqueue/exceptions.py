@@ -136,3 +136,51 @@ class InvalidTransition(PgQueueError):
         self.job_id = job_id
         self.status = status
         super().__init__(f"job {job_id} is {status}; only {allowed} jobs can be {action}")
+
+
+class JobFailed(PgQueueError):
+    """The job ended without a result: dead (out of attempts, or a permanent error) or
+    cancelled. ``pgqueue.result`` and ``Job.wait`` raise it; ``status``, ``last_error`` and
+    ``job_id`` say how it ended (``last_error`` is the job's last recorded error: for a
+    cancelled job, that of an earlier failed attempt, or None when none failed)."""
+
+    code = "job_failed"
+
+    def __init__(self, job_id: int, status: str, last_error: str | None) -> None:
+        self.job_id = job_id
+        self.status = status
+        self.last_error = last_error
+        why = f": {last_error}" if last_error else ""
+        super().__init__(f"job {job_id} ended {status}{why}")
+
+
+class ResultTimeout(PgQueueError, TimeoutError):
+    """The job had not ended when the wait's timeout ran out; it may still run and end.
+
+    A ``TimeoutError`` too, so ``except TimeoutError`` catches it.
+    """
+
+    code = "result_timeout"
+
+    def __init__(self, job_id: int, status: str, timeout: float) -> None:
+        self.job_id = job_id
+        self.status = status
+        self.timeout = timeout
+        super().__init__(f"job {job_id} is still {status} after {timeout:g} s")
+
+
+class JobNotCommitted(PgQueueError):
+    """The job is in a transaction that has not committed: no worker can see it, so a
+    wait for it inside that transaction would never end. Wait after the transaction
+    commits (outside ``transaction.atomic()``, or in ``transaction.on_commit``)."""
+
+    code = "not_committed"
+
+    def __init__(self, job_id: int, alias: str) -> None:
+        self.job_id = job_id
+        super().__init__(
+            f"job {job_id} was enqueued in the open transaction of database {alias!r}: no "
+            "worker can see it before that transaction commits, so waiting for it there "
+            "would never end; wait after the transaction commits (outside "
+            "transaction.atomic(), or in transaction.on_commit)"
+        )

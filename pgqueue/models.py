@@ -8,6 +8,7 @@ partial indexes and CHECK constraints those statements rely on.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.db import models
@@ -320,6 +321,44 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.id} {self.task} ({self.status})"
+
+    def wait(self, timeout: float | dt.timedelta | None = None) -> Any:
+        """Wait for this job to end and return its result: ``pgqueue.result(self.id,
+        timeout)`` on the database this Job was read from (or enqueued in). Raises
+        ``JobFailed`` (dead or cancelled), ``ResultTimeout``, or ``JobNotCommitted`` when
+        called inside the transaction that enqueued the job, which no worker can see yet.
+        The Job itself is not refreshed (``refresh_from_db()`` reads its final row)."""
+        from .results import result
+
+        return result(self.pk, timeout, using=self._state.db)
+
+
+#: A job's fields as the HTTP API (JobSerializer) and the commands' --json show them, in
+#: their order: one list for both.
+JOB_FIELDS = (
+    "id",
+    "task",
+    "tenant",
+    "queue",
+    "status",
+    "priority",
+    "payload",
+    "attempts",
+    "max_attempts",
+    "lost_claims",
+    "run_at",
+    "created_at",
+    "claimed_at",
+    "started_at",
+    "finished_at",
+    "last_error",
+    "result",
+    "idempotency_key",
+    "timeout_seconds",
+    "cancel_requested_at",
+    "concurrency_key",
+    "key_max_running",
+)
 
 
 class Dashboard(Job):

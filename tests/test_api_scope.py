@@ -228,7 +228,8 @@ class TestKeyCreation:
     def test_the_command_sets_the_scope(self):
         out = io.StringIO()
         call_command(
-            "pgqueue_apikey",
+            "pgqueue",
+            "apikey",
             "create",
             "--tenant",
             "acme",

@@ -37,6 +37,19 @@ def started(path: Path, attempt: int = 1) -> bool:
     return Path(f"{path}.{attempt}").exists()
 
 
+def batch_lines(log: str, job_id: int) -> list[dict[str, str]]:
+    """The counts of each batch INFO line (event=recorded) that names ``job_id`` alone."""
+    return [
+        dict(field.split("=", 1) for field in line.split("event=recorded ", 1)[1].split())
+        for line in log.splitlines()
+        if "event=recorded " in line and line.endswith(f" ids={job_id}")
+    ]
+
+
+def counted(line: dict[str, str]) -> dict[str, str]:
+    return {k: line[k] for k in ("jobs", "done", "failed", "dead", "cancelled", "discarded")}
+
+
 # -- cancelling a running job ---------------------------------------------------------------
 
 
@@ -65,7 +78,13 @@ def test_delete_on_a_running_job_ends_it_cancelled_and_discards_its_return(
 
     wait_for(lambda: status(job.id) == "cancelled", 3 / 3 + 5, "the job to end cancelled")
     wait_for(lambda: Path(f"{observed}.JobCancelled").exists(), 5, "the handler to see it")
-    wait_for(lambda: "outcome=discarded reason=cancelled" in w.log(), 5, "the return discarded")
+    # The handler's return is dropped; the batch line counts the job cancelled, as it was
+    # recorded (it said discarded=1: a discard is an outcome lost with the lease).
+    (line,) = wait_for(lambda: batch_lines(w.log(), job.id), 5, "the return to be logged")
+    assert counted(line) == {
+        "jobs": "1", "done": "0", "failed": "0", "dead": "0", "cancelled": "1", "discarded": "0"
+    }  # fmt: skip
+    assert "outcome=discarded" not in w.log()
     row = Job.objects.get(pk=job.id)
     assert (row.status, row.result, row.finished_at is not None) == ("cancelled", None, True)
     assert history(job.id) == [(1, "cancelled", worker_id)]
@@ -229,7 +248,19 @@ def test_an_attempt_past_its_timeout_fails_is_retried_and_its_late_result_is_fen
     wait_for(lambda: status(job.id) == "done", STARTUP, "attempt 2 to run and finish")
     assert not Path(f"{finished}.1").exists()  # attempt 1's handler was still sleeping
     wait_for(lambda: Path(f"{finished}.1").exists(), 10, "attempt 1's handler to return")
-    wait_for(lambda: "outcome=discarded reason=timed_out" in w.log(), 5, "its return dropped")
+
+    # Attempt 2's batch, then attempt 1's late return, counted as the failure it was
+    # recorded as when it timed out (not as an outcome lost with the lease).
+    def both() -> list[dict[str, str]] | None:
+        lines = batch_lines(w.log(), job.id)
+        return lines if len(lines) == 2 else None
+
+    done, late = wait_for(both, 5, "its return dropped")
+    assert (counted(done)["done"], counted(done)["jobs"]) == ("1", "1")
+    assert counted(late) == {
+        "jobs": "1", "done": "0", "failed": "1", "dead": "0", "cancelled": "0", "discarded": "0"
+    }  # fmt: skip
+    assert "outcome=discarded" not in w.log()
     row = Job.objects.get(pk=job.id)
     assert (row.status, row.attempts, row.result) == ("done", 2, {"attempt": 2})
     assert history(job.id) == [(1, "failed", worker_id), (2, "done", worker_id)]
@@ -255,6 +286,8 @@ def test_a_timeout_on_the_last_attempt_is_dead_and_the_handler_is_told(
     worker_id = w.registered()
     wait_for(lambda: status(job.id) == "dead", STARTUP, "the job to time out, dead")
     wait_for(lambda: Path(f"{observed}.timed_out").exists(), 5, "the handler to be told")
+    (line,) = wait_for(lambda: batch_lines(w.log(), job.id), 5, "the return to be logged")
+    assert (counted(line)["dead"], counted(line)["discarded"]) == ("1", "0")
     row = Job.objects.get(pk=job.id)
     assert (row.last_error, row.result) == ("timed out after 0.5 s", None)
     assert history(job.id) == [(1, "failed", worker_id)]

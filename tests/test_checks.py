@@ -91,6 +91,15 @@ def test_the_version_check_leaves_other_vendors_to_the_engine_check(monkeypatch)
     assert checks.check_database(databases=["default"]) == []
 
 
+def test_manage_py_check_says_the_api_needs_its_apps():
+    """With DRF installed but not in INSTALLED_APPS, the browsable API would answer 500
+    (its templates are the app's): ``check``, which imports the URLconf, says so first."""
+    result = manage("check", settings_module="tests.settings_no_drf_apps")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ImproperlyConfigured" in result.stderr
+    assert "needs rest_framework and drf_spectacular in INSTALLED_APPS" in result.stderr
+
+
 def test_manage_py_check_reports_sqlite():
     result = manage("check", settings_module="tests.sqlite_settings")
     assert result.returncode == 1, result.stdout + result.stderr

@@ -1,4 +1,5 @@
-"""``manage.py pgqueue jobs|show|retry|cancel|run-now|tenants|weight|workers|stats``.
+"""``manage.py pgqueue jobs|show|retry|cancel|run-now|tenants|weight|workers|stats``, and
+``apikey`` and ``prune`` under their two names (``pgqueue_apikey``, ``pgqueue_prune``).
 
 Each subcommand through ``call_command`` (its stdout, stderr and exit code), its ``--json``
 compared with what the HTTP API shows of the same object, and a few real
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.core.management import call_command
+from django.core.management import call_command, load_command_class
 from django.core.management.base import CommandError
 from django.db import connection
 from django.test import override_settings
@@ -26,8 +27,10 @@ from django.utils import timezone
 import pgqueue
 from pgqueue import cli, services
 from pgqueue.cli import base
+from pgqueue.cli.apikeys import ApiKeyCommand
+from pgqueue.cli.prune import PruneCommand
 from pgqueue.management.commands import pgqueue as pgqueue_command
-from pgqueue.models import Job, JobAttempt, QueueWeight, Tenant, Worker
+from pgqueue.models import ApiKey, Job, JobAttempt, QueueWeight, Tenant, Worker
 from tests.api_fixtures import (
     JOB_FIELDS,
     STATS_FIELDS,
@@ -48,6 +51,8 @@ pytestmark = pytest.mark.django_db
 OPERATOR_COMMANDS = ["jobs", "show", "retry", "cancel", "run-now", "tenants", "weight",
                      "queues", "limits", "pause", "resume", "workers", "stats", "periodic",
                      "periodic-enable", "periodic-disable"]  # fmt: skip
+#: The subcommands that print text only, and the older command names they also answer to.
+ALIASED = {"apikey": "pgqueue_apikey", "prune": "pgqueue_prune"}
 #: A database nothing listens on: the connection is refused at once.
 UNREACHABLE = "postgres://postgres@127.0.0.1:1/nothing"
 
@@ -87,6 +92,8 @@ def test_every_operator_command_is_a_subcommand_of_pgqueue():
     assert pgqueue_command.SUBCOMMANDS == {
         "worker": pgqueue_command.runworker.Command,
         **cli.SUBCOMMANDS,
+        "apikey": ApiKeyCommand,
+        "prune": PruneCommand,
     }
 
 
@@ -103,7 +110,7 @@ def test_the_pgqueue_help_lists_the_subcommands_and_the_exit_codes():
     text = " ".join(parser.format_help().split())
     assert base.EXIT_CODES_HELP in text
     unwrapped = re.sub(r"(\w)- (\w)", r"\1-\2", text)  # argparse wraps lines at hyphens
-    for name in OPERATOR_COMMANDS:
+    for name in [*OPERATOR_COMMANDS, "worker", *ALIASED]:
         assert f"`{name}`" in unwrapped
 
 
@@ -480,7 +487,68 @@ def test_stats_is_get_stats():
     assert "dead jobs:           1" in out
 
 
+# -- apikey and prune, and their older names -----------------------------------------------
+
+
+@pytest.mark.parametrize("name, alias", ALIASED.items())
+def test_the_older_names_are_aliases_running_the_subcommands_own_class(name, alias):
+    """``pgqueue_apikey`` is ``pgqueue apikey`` (its class, so the same options and the
+    same code), and its --help says so."""
+    command = load_command_class("pgqueue", alias)
+    assert isinstance(command, pgqueue_command.SUBCOMMANDS[name])
+    assert command.alias_of == f"pgqueue {name}"
+    text = " ".join(command.create_parser("manage.py", alias).format_help().split())
+    assert f"An alias of `manage.py pgqueue {name}`." in text
+
+
+def test_apikey_under_both_names_acts_on_the_same_keys():
+    out = io.StringIO()
+    call_command("pgqueue_apikey", "create", "--tenant", "acme", "--name", "old", stdout=out)
+    old_key = out.getvalue().strip().splitlines()[-1]
+    code, out, err = pgq("apikey", "create", "--all-tenants", "--name", "new")
+    assert (code, err) == (0, "")
+    assert out.splitlines()[0].startswith("Created API key ")
+    new_key = out.strip().splitlines()[-1]
+    assert [k.split("_")[1] for k in (old_key, new_key)] == list(
+        ApiKey.objects.order_by("created_at").values_list("prefix", flat=True)
+    )
+    _, listing, _ = pgq("apikey", "list")
+    assert [line.split()[0] for line in listing.splitlines()] == [
+        k.split("_")[1] for k in (old_key, new_key)
+    ]
+    assert old_key not in listing and new_key not in listing
+    prefix = old_key.split("_")[1]
+    assert pgq("apikey", "revoke", prefix) == (0, f"revoked {prefix}\n", "")
+    with pytest.raises(CommandError, match="no API key with prefix 'nosuch'"):
+        pgq("apikey", "revoke", "nosuch")
+    with pytest.raises(CommandError, match="one of the arguments --tenant --all-tenants"):
+        pgq("apikey", "create")
+
+
+def test_prune_under_both_names_prints_the_same():
+    make_job("done", tenant="acme")
+    buf = io.StringIO()
+    call_command("pgqueue_prune", "--dry-run", stdout=buf)
+    code, out, err = pgq("prune", "--dry-run")
+    assert (code, err) == (0, "")
+    assert out == buf.getvalue()
+    assert out.splitlines()[0] == "would remove 0 done jobs, 0 attempts"  # kept a week
+
+
 # -- real processes -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("name", ["pgqueue apikey", "pgqueue_apikey"])
+def test_apikey_in_a_process_prints_the_key_last_and_exits_1_on_an_error(name):
+    run = {"settings_module": "tests.worker_settings", "DATABASE_URL": database_url()}
+    created = manage(*name.split(), "create", "--all-tenants", **run)
+    assert (created.returncode, created.stderr) == (0, ""), created.stderr
+    key = created.stdout.strip().splitlines()[-1]
+    assert key.startswith("pgq_") and ApiKey.objects.get().prefix == key.split("_")[1]
+    missing = manage(*name.split(), "revoke", "nosuch", **run)
+    assert (missing.returncode, missing.stdout) == (1, "")
+    assert missing.stderr.strip() == "CommandError: no API key with prefix 'nosuch'"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from django.core.management import get_commands
+from django.core.management import get_commands, load_command_class
 from django.urls import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,7 +90,19 @@ def test_worker_runs_two_processes_and_stops_gracefully(compose):
 
 def test_management_commands_used_exist():
     commands = get_commands()
-    assert {"runworker", "migrate", "collectstatic", "pgqueue_apikey"} <= set(commands)
+    assert {"runworker", "migrate", "collectstatic", "pgqueue"} <= set(commands)
+
+
+def test_the_readmes_key_command_for_the_containers_parses():
+    """The README's `docker compose exec api python manage.py …` (a key for the compose
+    demo): a command that exists, with options it takes."""
+    readme = (ROOT / "README.md").read_text()
+    (line,) = re.findall(r"`docker compose exec api python manage\.py ([^`]+)`", readme)
+    name, *args = shlex.split(line)
+    assert [name, *args[:2]] == ["pgqueue", "apikey", "create"]
+    command = load_command_class(get_commands()[name], name)
+    options = command.create_parser("manage.py", name).parse_args(args)  # CommandError if not
+    assert (options.subcommand, options.action, options.all_tenants) == ("apikey", "create", True)
 
 
 def test_image_runs_as_a_non_root_user(dockerfile):
@@ -108,6 +120,8 @@ def test_image_copies_files_that_exist_and_installs_the_servers(dockerfile):
                 assert (ROOT / source).exists(), f"COPY source {source} does not exist"
     installs = " ".join(args for instruction, args in dockerfile if instruction == "RUN")
     assert "pip install" in installs and "gunicorn" in installs and "whitenoise" in installs
+    # The demo serves the HTTP API, whose packages come with pgqueue's `api` extra.
+    assert '".[api]"' in installs, installs
     cmd = next(args for instruction, args in dockerfile if instruction == "CMD")
     assert cmd.startswith('["gunicorn", "demo_project.wsgi"')
     assert (ROOT / "demo_project" / "wsgi.py").exists()

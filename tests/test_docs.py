@@ -15,6 +15,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -60,30 +61,51 @@ def test_the_settings_page_shows_every_setting():
     assert shown == set(DEFAULTS)
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> list[str]:
-    return [
-        name
-        for action in parser._actions
-        if isinstance(action, argparse._SubParsersAction)
-        for name in action.choices
-    ]
+def _parsers(
+    parser: argparse.ArgumentParser, title: str
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """The parser and its subcommands', at any depth, by title (``pgqueue apikey create``)."""
+    yield title, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, f"{title} {name}")
+
+
+def _own_options(gen: ModuleType, parser: argparse.ArgumentParser, title: str) -> dict:
+    """{subcommand path below ``title``: its options but Django's}."""
+    return {
+        sub_title.removeprefix(title): {
+            option
+            for action in sub._actions
+            if action.dest not in gen.DJANGO_OPTIONS
+            for option in action.option_strings
+        }
+        for sub_title, sub in _parsers(parser, title)
+    }
 
 
 def test_the_cli_page_shows_every_command_subcommand_and_option(gen):
     page = (REFERENCE / "cli.md").read_text()
+    pgqueue = load_command_class("pgqueue", "pgqueue").create_parser("manage.py", "pgqueue")
+    every = dict(_parsers(pgqueue, "pgqueue"))
     for name in gen.COMMANDS:
-        parser = load_command_class("pgqueue", name).create_parser("manage.py", name)
+        command = load_command_class("pgqueue", name)
+        parser = command.create_parser("manage.py", name)
         assert f"\n## {name}\n" in page, name
-        for sub in _subcommands(parser):
-            assert f"\n### {name} {sub}\n" in page, (name, sub)
-    # Every option of every subcommand, found by walking the parsers, appears somewhere.
-    for name in gen.COMMANDS:
-        parser = load_command_class("pgqueue", name).create_parser("manage.py", name)
-        parsers = [parser, *(p for a in parser._actions
-                             if isinstance(a, argparse._SubParsersAction)
-                             for p in a.choices.values())]  # fmt: skip
-        for p in parsers:
-            for action in p._actions:
+        alias_of = getattr(command, "alias_of", None)
+        if alias_of:
+            # Its section points at the command it is an alias of, whose section shows
+            # the options: the same options, at every depth.
+            assert f"[`{alias_of}`](#{alias_of.replace(' ', '-')})" in page, name
+            assert f"\n### {alias_of}\n" in page, alias_of
+            assert _own_options(gen, parser, name) == _own_options(gen, every[alias_of], alias_of)
+            continue
+        for title, sub in _parsers(parser, name):
+            if title != name:
+                assert re.search(rf"\n###+ {re.escape(title)}\n", page), title
+            # Every option of every subcommand, found by walking the parsers, appears.
+            for action in sub._actions:
                 for option in action.option_strings:
                     assert f"`{option}`" in page or action.dest in gen.DJANGO_OPTIONS, option
 

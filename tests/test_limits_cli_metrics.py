@@ -11,7 +11,7 @@ import pgqueue
 from pgqueue import limits
 from pgqueue.limit_models import Limit
 from pgqueue.metrics import render
-from tests.conftest import claim
+from tests.conftest import claim, complete
 from tests.test_cli import api, columns, pgq, pgq_json
 
 pytestmark = pytest.mark.django_db
@@ -107,6 +107,38 @@ def test_pause_needs_a_scope():
     code, out, err = pgq("pause")
     assert (code, out) == (2, "")
     assert err.startswith("pgqueue pause: give --queue Q, --tenant T, or both")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pause", "--queue", "emails"],
+        ["resume", "--queue", "emails"],
+        ["limits", "--queue", "emails", "--max-running", "5"],
+    ],
+)
+def test_a_queues_table_after_a_change_shows_its_jobs_as_counted(args):
+    """The table pause, resume and limits print for a queue has the columns of ``queues``,
+    each read: they printed 0 scheduled, queued, done and dead whatever the queue held
+    (the counts were never passed to the table)."""
+    limits.set_queue_limits("emails", max_running=9)  # running: the cap's counter, from now
+    enqueue(3, "acme", "emails")
+    pgqueue.enqueue("test.noop", {}, tenant="acme", queue="emails", delay=3600)
+    first, _second = claim(limit=2, queues=("emails",))
+    assert complete("w1", first)
+    enqueue(1, "acme", "reports")  # another queue's jobs are not this one's
+
+    code, out, err = pgq(*args)
+    assert (code, err) == (0, "")
+    header, row = out.splitlines()
+    shown = dict(zip(columns(header), columns(row), strict=True))
+    assert shown["QUEUE"] == "emails"
+    counts = {k: shown[k] for k in ("SCHEDULED", "QUEUED", "RUNNING", "DONE", "DEAD")}
+    assert counts == {"SCHEDULED": "1", "QUEUED": "1", "RUNNING": "1", "DONE": "1", "DEAD": "0"}
+    _, listing, _ = pgq("queues")
+    assert columns(row) in [columns(line) for line in listing.splitlines()]  # as listed
+    # --json stays the HTTP API's answer to the same change.
+    assert pgq_json(*args) == api("/queues/emails")
 
 
 def test_queues_lists_counts_running_and_limits():

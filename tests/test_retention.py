@@ -22,7 +22,7 @@ from django.test import override_settings
 import pgqueue
 from pgqueue import prune_store
 from pgqueue.checks import check_settings
-from pgqueue.management.commands import pgqueue_prune
+from pgqueue.cli import prune as prune_command
 from pgqueue.models import Job, JobAttempt, TaskStat
 from pgqueue.worker.maintenance import prune_finished_jobs, run_maintenance
 from tests.conftest import claim, drain, fail, fold_all
@@ -226,7 +226,7 @@ def test_a_retried_dead_job_is_not_pruned():
 
 def out(*args: str) -> str:
     buf = io.StringIO()
-    call_command("pgqueue_prune", *args, stdout=buf)
+    call_command("pgqueue", "prune", *args, stdout=buf)
     return buf.getvalue()
 
 
@@ -244,7 +244,7 @@ def test_the_command_dry_run_counts_and_removes_nothing():
 def test_the_command_dry_run_stops_counting_at_its_cap(monkeypatch):
     finished("done", 8, n=3)
     fold()
-    monkeypatch.setattr(pgqueue_prune, "DRY_RUN_CAP", 2)
+    monkeypatch.setattr(prune_command, "DRY_RUN_CAP", 2)
     assert out("--dry-run").splitlines()[0] == "would remove 2+ done jobs, 3+ attempts"
 
 
@@ -266,11 +266,11 @@ def test_the_command_exits_0():
     ids = finished("done", 8, n=2)
     fold()
     run = {"settings_module": "tests.worker_settings", "DATABASE_URL": database_url()}
-    dry = manage("pgqueue_prune", "--dry-run", **run)
+    dry = manage("pgqueue", "prune", "--dry-run", **run)
     assert (dry.returncode, dry.stderr) == (0, ""), dry.stdout + dry.stderr
     assert "would remove 2 done jobs, 2 attempts" in dry.stdout.splitlines()
     assert left(ids) == set(ids)
-    real = manage("pgqueue_prune", **run)
+    real = manage("pgqueue", "prune", **run)
     assert (real.returncode, real.stderr) == (0, ""), real.stdout + real.stderr
     assert "removed 2 done jobs, 2 attempts" in real.stdout.splitlines()
     assert left(ids) == set()

@@ -106,6 +106,8 @@ def test_the_tutorial_follows_its_conventions():
     # The wheel the page installs is the one pyproject.toml names.
     name = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"]
     assert f"{name.replace('-', '_')}-*.whl" in commands
+    # The HTTP API's packages come with the wheel's `api` extra, from the wheel's folder.
+    assert f"--find-links ../pgqueue-src/dist '{name}[api]'" in commands
     assert "not on PyPI" in TUTORIAL.read_text()
 
 

@@ -61,7 +61,7 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
         return {
             "type": "http",
             "scheme": "bearer",
-            "description": "An API key from `manage.py pgqueue_apikey create` or the admin.",
+            "description": "An API key from `manage.py pgqueue apikey create` or the admin.",
         }
 
 

@@ -32,7 +32,7 @@ SCHEMA_SETTINGS = {
     "TITLE": "pgqueue API",
     "DESCRIPTION": (
         "A durable, multi-tenant, fairly scheduled job queue on PostgreSQL. Authenticate with "
-        "`Authorization: Bearer <API key>` (manage.py pgqueue_apikey create). Every error is "
+        "`Authorization: Bearer <API key>` (manage.py pgqueue apikey create). Every error is "
         '`{"error": code, "detail": message, "fields": {field: reason}?}`.'
     ),
     "VERSION": "1",

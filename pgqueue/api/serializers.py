@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from ..models import Job, Status
+from ..models import JOB_FIELDS, Job, Status
 from ..services import MAX_BATCH, MAX_DELAY_SECONDS, MAX_WEIGHT, MIN_WEIGHT
 
 #: The one rule for run_at, in Python (services._run_at) and over HTTP.
@@ -50,30 +50,7 @@ class JobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Job
-        fields = [
-            "id",
-            "task",
-            "tenant",
-            "queue",
-            "status",
-            "priority",
-            "payload",
-            "attempts",
-            "max_attempts",
-            "lost_claims",
-            "run_at",
-            "created_at",
-            "claimed_at",
-            "started_at",
-            "finished_at",
-            "last_error",
-            "result",
-            "idempotency_key",
-            "timeout_seconds",
-            "cancel_requested_at",
-            "concurrency_key",
-            "key_max_running",
-        ]
+        fields = list(JOB_FIELDS)
         read_only_fields = fields
 
 

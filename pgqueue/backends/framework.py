@@ -29,7 +29,8 @@ else:  # pragma: no cover - depends on the Django version
     except ImportError as exc:
         raise ImproperlyConfigured(
             "pgqueue.backends.PgQueueBackend needs Django's Tasks framework: Django 6, or on "
-            "Django 5.2 the django-tasks backport (pip install 'pgqueue[tasks]')."
+            "Django 5.2 the django-tasks backport: pip install 'django-tasks>=0.12' (the "
+            "'tasks' extra of django-pgqueue-fair)."
         ) from exc
 
 __all__ = [

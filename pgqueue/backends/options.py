@@ -146,7 +146,7 @@ def check_tasks_backends(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     return [
         Error(
             f"TASKS[{alias!r}]: {message}",
-            hint="Fix settings.TASKS; see \"Django's Tasks framework\" in pgqueue's README.",
+            hint="Fix settings.TASKS; see pgqueue's docs/guide/django-tasks.md.",
             id=check_id,
         )
         for alias, params in tasks.items()

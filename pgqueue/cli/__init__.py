@@ -6,6 +6,10 @@ new module and one line in ``GROUPS``; the management command
 (``pgqueue/management/commands/pgqueue.py``) takes every subcommand from ``SUBCOMMANDS`` and
 stays as it is.
 
+``apikeys`` and ``prune`` are subcommands of another kind, registered by the management
+command beside ``worker``: ``apikey`` and ``prune`` print text only (no ``--json``) and also
+answer to their older names, ``manage.py pgqueue_apikey`` and ``pgqueue_prune``.
+
 The commands are adapters like the admin and the API: they read through ``pgqueue.reads``
 and change jobs and tenants only through ``pgqueue.services``.
 """

@@ -9,11 +9,10 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from .. import pages, services
-from ..api.serializers import AttemptSerializer, JobSerializer
 from ..limit_reads import waiting_for
 from ..models import Job, JobAttempt, Status
 from ..registry import TASK_NAME_RE
-from . import output
+from . import documents, output
 from .base import (
     EXIT_OK,
     EXIT_SKIPPED,
@@ -31,12 +30,12 @@ MAX_ATTEMPTS = 100
 
 
 def job_document(job: Job) -> dict[str, Any]:
-    """A job as GET /jobs/<id> shows it (the API's serializer, which needs no request)."""
-    return dict(JobSerializer(job).data)
+    """A job as GET /jobs/<id> shows it (without DRF: pgqueue.cli.documents)."""
+    return documents.job(job)
 
 
 def attempt_document(attempt: JobAttempt) -> dict[str, Any]:
-    return dict(AttemptSerializer(attempt).data)
+    return documents.attempt(attempt)
 
 
 class JobsCommand(OperatorCommand):

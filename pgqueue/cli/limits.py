@@ -15,12 +15,11 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from .. import limits, reads
-from ..api.serializers import QueueSerializer
 from ..exceptions import InvalidJob
 from ..limit_reads import queue_summaries
 from ..models import Status
 from ..services import NAME_RE
-from . import output
+from . import documents, output
 from .base import EXIT_OK, EXIT_USAGE, OperatorCommand, matching
 from .tenants import tenant_document, tenant_table
 
@@ -31,7 +30,7 @@ NONE_WORDS = ("none", "null", "off")
 def queue_document(summary: dict[str, Any]) -> dict[str, Any]:
     """A queue as GET /queues/<name> shows it, and with ``jobs`` its counts by status when
     the summary has them (the ``queues`` listing)."""
-    document = dict(QueueSerializer(summary).data)
+    document = documents.queue(summary)
     if "jobs" in summary:
         document["jobs"] = {status: int(n) for status, n in summary["jobs"].items()}
     return document
@@ -43,8 +42,11 @@ def cap_label(running: int, max_running: int | None) -> str:
 
 
 def _queue_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Queues with their jobs' counts: each row needs ``jobs`` (``reads.job_counts``), so
+    that a count never read cannot be shown as a zero."""
+
     def count(row: dict[str, Any], status: str) -> str:
-        n = row.get("jobs", {}).get(status, 0)
+        n = row["jobs"].get(status, 0)
         return f"{int(n) - 1}+" if isinstance(n, reads.BoundedCount) else str(n)
 
     return output.table(
@@ -98,13 +100,17 @@ class ScopeCommand(OperatorCommand):
 
     def show(self, options: dict[str, Any], queue: str | None, tenant: str | None) -> int:
         """Print the scope as it is now: the tenant (its per-queue limits included) or the
-        queue, as the HTTP API's answer to the same change."""
+        queue, as the HTTP API's answer to the same change (``--json``). The queue's table
+        shows its jobs' counts as ``queues`` does: the one bounded read of them
+        (JOB_COUNTS_BOUNDED) that ``queue_summaries`` makes for ``running`` anyway."""
         if tenant is not None:
             summary = reads.tenant_summaries([tenant], using=self.using)[0]
             self.emit(options, tenant_document(summary), lambda: tenant_table([summary]))
         else:
-            summary = queue_summaries([queue], using=self.using)[0]
-            self.emit(options, queue_document(summary), lambda: _queue_table([summary]))
+            counts = reads.job_counts(using=self.using)
+            summary = queue_summaries([queue], counts=counts, using=self.using)[0]
+            row = {**summary, "jobs": counts.get(queue, {})}
+            self.emit(options, queue_document(summary), lambda: _queue_table([row]))
         return EXIT_OK
 
 

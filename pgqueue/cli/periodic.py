@@ -1,42 +1,50 @@
 """Periodic schedules: ``periodic`` (list them), ``periodic-enable`` and ``periodic-disable``.
 
-Schedules are declared in code; the database owns only whether each is enabled, so these
-commands never add, change or delete one. Turning a schedule on or off goes through
-``pgqueue.schedules.set_periodic_enabled``, as the admin's actions do.
+Schedules are declared in code or created in the admin; these commands never add, change
+or delete one, only turn it on or off, through ``pgqueue.schedules.set_periodic_enabled``,
+as the admin's actions do. A schedule's cadence is listed as its cron expression or as
+``every 5m`` (an interval); ``--json`` gives ``cron`` or ``every_seconds`` (the other null).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.core.management.base import CommandParser
 
 from .. import pages
-from ..schedules import SCHEDULE_NAME_RE, ScheduleNotFound, set_periodic_enabled
+from ..schedules import SCHEDULE_NAME_RE, ScheduleNotFound, format_every, set_periodic_enabled
 from . import output
 from .base import EXIT_OK, EXIT_SKIPPED, OperatorCommand, limit_option, matching
 
 
 class PeriodicCommand(OperatorCommand):
     name = "periodic"
-    help = "Periodic schedules by name: cron, time zone, task, next and last run, on or off."
+    help = (
+        "Periodic schedules by name: cron or interval, time zone, task, next and last run, on "
+        "or off, and whether code or the admin defines each."
+    )
 
     def add_options(self, parser: CommandParser) -> None:
         limit_option(parser, "schedules")
 
     def run(self, options: dict[str, Any]) -> int:
-        rows = pages.periodic_schedules(options["limit"], using=self.using)
+        rows = [_document(r) for r in pages.periodic_schedules(options["limit"], using=self.using)]
 
         def human() -> str:
             if not rows:
-                return "no periodic schedules (they are declared in code and synced by runworker)"
+                return (
+                    "no periodic schedules (they are declared in code and synced by runworker, "
+                    "or created in the admin)"
+                )
             return output.table(
-                ["NAME", "CRON", "TIME ZONE", "TASK", "TENANT", "QUEUE", "STATE",
-                 "NEXT RUN (UTC)", "LAST RUN (UTC)", "LAST JOB"],
+                ["NAME", "SCHEDULE", "TIME ZONE", "TASK", "TENANT", "QUEUE", "STATE",
+                 "NEXT RUN (UTC)", "LAST RUN (UTC)", "LAST JOB", "DEFINED IN"],
                 [
-                    [r["name"], r["cron"], r["timezone"], r["task"], r["tenant"], r["queue"],
+                    [r["name"], _cadence(r), _zone(r), r["task"], r["tenant"], r["queue"],
                      _state(r), output.when(r["next_run_at"]), output.when(r["last_run_at"]),
-                     r["last_job_id"] or ""]
+                     r["last_job_id"] or "", r["source"]]
                     for r in rows
                 ],
                 right=(9,),
@@ -44,6 +52,22 @@ class PeriodicCommand(OperatorCommand):
 
         self.emit(options, {"results": rows, "limit": options["limit"]}, human)
         return EXIT_OK
+
+
+def _document(row: dict[str, Any]) -> dict[str, Any]:
+    """A schedule as ``--json`` gives it: the interval in whole seconds."""
+    every = row.pop("every")
+    return {**row, "every_seconds": None if every is None else int(every.total_seconds())}
+
+
+def _cadence(row: dict[str, Any]) -> str:
+    if row["every_seconds"] is None:
+        return row["cron"]
+    return f"every {format_every(dt.timedelta(seconds=row['every_seconds']))}"
+
+
+def _zone(row: dict[str, Any]) -> str:
+    return output.NONE if row["every_seconds"] is not None else row["timezone"]
 
 
 def _state(row: dict[str, Any]) -> str:

@@ -8,15 +8,14 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from .. import reads, services
-from ..api.serializers import TenantSerializer
 from ..exceptions import InvalidJob
-from . import output
+from . import documents, output
 from .base import EXIT_OK, EXIT_USAGE, MAX_ID, OperatorCommand, bounded_int, limit_option
 
 
 def tenant_document(summary: dict[str, Any]) -> dict[str, Any]:
-    """A tenant as GET /tenants/<name> shows it."""
-    return dict(TenantSerializer(summary).data)
+    """A tenant as GET /tenants/<name> shows it (without DRF: pgqueue.cli.documents)."""
+    return documents.tenant(summary)
 
 
 def _weights(row: dict[str, Any]) -> str:

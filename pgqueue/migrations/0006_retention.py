@@ -9,7 +9,7 @@ from django.db import migrations, models
 # claim index. 0.01 vacuums after about an hour of churn at that rate; the attempt history
 # is mostly inserted (then deleted in bulk by the prune), so it also gets an insert
 # threshold at 0.01, which keeps its visibility map current and spreads its freezing out
-# instead of one anti-wraparound vacuum of the whole table. See the README's "Retention".
+# instead of one anti-wraparound vacuum of the whole table. See docs/guide/retention.md.
 TABLES = {
     "pgqueue_job": (
         "autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_insert_scale_factor = 0.01, "

@@ -3,6 +3,14 @@
 -- Each statement is written here whole, as PostgreSQL runs it; values are parameters
 -- (%(name)s). A header says what a statement does and why, what it locks, which indexes
 -- serve it and who calls it; pgqueue/sql.py states the conventions they share.
+--
+-- Every statement that ends a job (done, dead, cancelled; not a failure that will be
+-- retried) tells the callers waiting for it (pgqueue.results) in a CTE named notified:
+-- pg_notify('pgqueue_finished', ids) with the ids of the jobs it ended joined by commas,
+-- one notification per 400 of them (a bigint is at most 19 digits and a comma: 400 ids
+-- stay under PostgreSQL's 8,000-byte limit on a payload). PostgreSQL delivers them when
+-- the transaction commits, and drops them when it rolls back. The statement's own rows
+-- come out joined to notified (one row, the count sent), which makes PostgreSQL run it.
 
 
 -- name: JOB_COMPLETE_MANY
@@ -16,7 +24,8 @@
 -- included) does not match and is not returned; nor does one whose cancellation was
 -- requested (JOB_CANCEL_REQUEST_MANY committed first): the worker then records it
 -- cancelled (JOB_CANCEL_CONFIRM_MANY).
--- Gives back the limit rows the jobs were counted in (the uncount CTEs).
+-- Gives back the limit rows the jobs were counted in (the uncount CTEs). Notifies
+-- pgqueue_finished with the ids of the jobs done (notified; see the top of this file).
 -- Each job's attempt and result are read from the input arrays at its id's position
 -- (array_position, in C), not by joining the jobs to the arrays' unnest: a generic plan,
 -- expecting one job, joins those by a nested loop that compares every job with every
@@ -63,8 +72,14 @@ uncounted AS (
     UPDATE pgqueue_limit l SET running = GREATEST(l.running - k.n, 0)
       FROM uncount_lock k
      WHERE l.id = k.id AND l.id = ANY(ARRAY(SELECT id FROM uncount_lock))  -- by id: pgqueue_limit_pkey lookups, not a scan of every limit row
+),
+notified AS MATERIALIZED (
+    SELECT count(pg_notify('pgqueue_finished', ids)) AS sent
+      FROM (SELECT string_agg(id::text, ',') AS ids
+              FROM (SELECT id, (row_number() OVER () - 1) / 400 AS chunk FROM done) f
+             GROUP BY chunk) c
 )
-SELECT id FROM done
+SELECT id FROM done CROSS JOIN notified
 
 
 -- name: JOB_FAIL_MANY
@@ -80,7 +95,8 @@ SELECT id FROM done
 -- wins here too). Writes one attempt row per job ('failed', or 'snoozed') with the error
 -- and traceback. A timeout the worker enforces is recorded here too, as a failure whose
 -- error says "timed out after N s". The handler's start and end are kept within what the
--- database saw, as in JOB_COMPLETE_MANY.
+-- database saw, as in JOB_COMPLETE_MANY. Notifies pgqueue_finished with the ids of the
+-- jobs it made dead (notified; see the top of this file), not of those to be retried.
 -- Locks: the matched job rows, until the worker's transaction commits, at once.
 -- Index: pgqueue_job_pkey (PK lookups); the rows move from pgqueue_job_lease to
 --   pgqueue_job_scheduled.
@@ -149,8 +165,16 @@ history AS (
     SELECT id, attempt, %(worker)s, claimed_at, started_at, ended,
            CASE WHEN snoozed THEN 'snoozed' ELSE 'failed' END, last_error, tb
       FROM failed
+),
+notified AS MATERIALIZED (
+    SELECT count(pg_notify('pgqueue_finished', ids)) AS sent
+      FROM (SELECT string_agg(id::text, ',') AS ids
+              FROM (SELECT id, (row_number() OVER () - 1) / 400 AS chunk
+                      FROM failed WHERE status = 'dead') f
+             GROUP BY chunk) c
 )
-SELECT id, CASE WHEN snoozed THEN 'snoozed' ELSE status END, run_at FROM failed
+SELECT id, CASE WHEN snoozed THEN 'snoozed' ELSE status END, run_at
+  FROM failed CROSS JOIN notified
 
 
 -- name: JOB_HEARTBEAT_MANY
@@ -284,6 +308,8 @@ SELECT id, CASE WHEN status = 'queued' THEN pg_notify(%(channel)s, queue) END IS
 -- the job's started_at: NULL marks a claim given back uncounted, and the attempt that
 -- follows has the same number.
 -- Gives back the reaped jobs' limit rows (the uncount CTEs): a crashed worker's slots come back.
+-- Notifies pgqueue_finished with the ids of the jobs it made dead (notified; see the top
+-- of this file).
 -- Locks: the expired rows, FOR UPDATE SKIP LOCKED (a row a late completion holds is left
 --   for the next run), until maintenance's transaction ends; their limit rows, in id order.
 -- Index: pgqueue_job_lease, in expiry order; for a job given back, pgqueue_limit_scope
@@ -355,22 +381,40 @@ history AS (
     SELECT r.id, e.attempts, e.lease_owner, e.claimed_at, e.started_at, COALESCE(%(now)s::timestamptz, now()),
            'lease_expired', r.last_error
       FROM reaped r JOIN expired e ON e.id = r.id
+),
+notified AS MATERIALIZED (
+    SELECT count(pg_notify('pgqueue_finished', ids)) AS sent
+      FROM (SELECT string_agg(id::text, ',') AS ids
+              FROM (SELECT id, (row_number() OVER () - 1) / 400 AS chunk
+                      FROM reaped WHERE status = 'dead') f
+             GROUP BY chunk) c
 )
 SELECT id, status, CASE WHEN status = 'queued' THEN pg_notify(%(channel)s, queue) END IS NULL
-  FROM reaped
+  FROM reaped CROSS JOIN notified
 
 
 -- name: JOB_CANCEL_MANY
 -- Cancel scheduled or queued jobs. A job being claimed at this instant is locked by the
 -- claim; the UPDATE waits for it, re-checks the status and skips it (it is running now).
+-- Notifies pgqueue_finished with the ids of the jobs cancelled (notified; see the top of
+-- this file), delivered when the operator action commits.
 -- Locks: the matched rows, until the operator action's transaction ends.
 -- Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_claim /
 --   pgqueue_job_scheduled.
 -- Called by: store.cancel_many, from services.cancel_jobs (admin, HTTP API, Python API).
-UPDATE pgqueue_job
-   SET status = 'cancelled', finished_at = now()
- WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('scheduled', 'queued')
-RETURNING id
+WITH cancelled AS (
+    UPDATE pgqueue_job
+       SET status = 'cancelled', finished_at = now()
+     WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('scheduled', 'queued')
+    RETURNING id
+),
+notified AS MATERIALIZED (
+    SELECT count(pg_notify('pgqueue_finished', ids)) AS sent
+      FROM (SELECT string_agg(id::text, ',') AS ids
+              FROM (SELECT id, (row_number() OVER () - 1) / 400 AS chunk FROM cancelled) f
+             GROUP BY chunk) c
+)
+SELECT id FROM cancelled CROSS JOIN notified
 
 
 -- name: JOB_CANCEL_REQUEST_MANY
@@ -402,6 +446,7 @@ SELECT id, pg_notify(%(channel)s, 'cancel:' || lease_owner) IS NULL FROM asked
 -- returned had been recorded (its completion committed before the request) or lost.
 -- Whatever the handler returns afterwards is discarded (its completion no longer matches).
 -- Gives back the jobs' limit rows (the uncount CTEs), as every exit from running does.
+-- Notifies pgqueue_finished with their ids (notified; see the top of this file).
 -- Locks: the matched job rows, until the worker's transaction commits, at once.
 -- Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease.
 -- Called by: stop_store.confirm_cancel_many, from the worker (worker/stops.py) when a
@@ -439,8 +484,14 @@ history AS (
     SELECT id, attempts, %(worker)s, claimed_at, started_at, COALESCE(%(now)s::timestamptz, now()), 'cancelled',
            'cancelled on request'
       FROM stopped
+),
+notified AS MATERIALIZED (
+    SELECT count(pg_notify('pgqueue_finished', ids)) AS sent
+      FROM (SELECT string_agg(id::text, ',') AS ids
+              FROM (SELECT id, (row_number() OVER () - 1) / 400 AS chunk FROM stopped) f
+             GROUP BY chunk) c
 )
-SELECT id FROM stopped
+SELECT id FROM stopped CROSS JOIN notified
 
 
 -- name: JOB_REAP_CANCELLED
@@ -449,6 +500,7 @@ SELECT id FROM stopped
 -- attempt row each with outcome 'cancelled'. Runs before JOB_REAP_EXPIRED, which would
 -- otherwise schedule them for another attempt.
 -- Gives back the jobs' limit rows (the uncount CTEs), as every exit from running does.
+-- Notifies pgqueue_finished with their ids (notified; see the top of this file).
 -- Locks: the rows, FOR UPDATE SKIP LOCKED (a row a late outcome holds is left for the next
 --   run), until maintenance's transaction ends.
 -- Index: pgqueue_job_lease (running jobs by lease expiry; as many rows as run at once).
@@ -490,8 +542,14 @@ history AS (
     SELECT id, attempts, lease_owner, claimed_at, started_at, COALESCE(%(now)s::timestamptz, now()), 'cancelled',
            'cancelled on request (the lease ran out before the worker recorded it)'
       FROM stopped
+),
+notified AS MATERIALIZED (
+    SELECT count(pg_notify('pgqueue_finished', ids)) AS sent
+      FROM (SELECT string_agg(id::text, ',') AS ids
+              FROM (SELECT id, (row_number() OVER () - 1) / 400 AS chunk FROM stopped) f
+             GROUP BY chunk) c
 )
-SELECT id FROM stopped
+SELECT id FROM stopped CROSS JOIN notified
 
 
 -- name: JOB_REAP_TIMED_OUT
@@ -505,6 +563,8 @@ SELECT id FROM stopped
 -- outcome is fenced out (the job is no longer running). Jobs asked to stop are left to the
 -- cancel path.
 -- Gives back the jobs' limit rows (the uncount CTEs), as every exit from running does.
+-- Notifies pgqueue_finished with the ids of the jobs it made dead (notified; see the top
+-- of this file).
 -- Locks: the rows, FOR UPDATE SKIP LOCKED, until maintenance's transaction ends.
 -- Index: pgqueue_job_lease (a scan of the running jobs only: as many as run at once).
 -- Called by: stop_store.reap_timed_out, from maintenance (one worker at a time).
@@ -554,8 +614,15 @@ history AS (
            (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error)
     SELECT id, attempts, lease_owner, claimed_at, started_at, COALESCE(%(now)s::timestamptz, now()), 'failed', error
       FROM failed
+),
+notified AS MATERIALIZED (
+    SELECT count(pg_notify('pgqueue_finished', ids)) AS sent
+      FROM (SELECT string_agg(id::text, ',') AS ids
+              FROM (SELECT id, (row_number() OVER () - 1) / 400 AS chunk
+                      FROM failed WHERE status = 'dead') f
+             GROUP BY chunk) c
 )
-SELECT id, status FROM failed
+SELECT id, status FROM failed CROSS JOIN notified
 
 
 -- name: JOB_RETRY_MANY
@@ -596,3 +663,14 @@ RETURNING id
 -- Index: pgqueue_job_pkey (PK lookups).
 -- Called by: store.statuses, from the services' operator actions (cancel, retry, run now).
 SELECT id, status FROM pgqueue_job WHERE id = ANY(%(ids)s::bigint[])
+
+
+-- name: JOB_GET_OUTCOME
+-- One job's status, result (JSON text) and last error: what a caller waiting for the job
+-- reads (pgqueue.results), once it listens on pgqueue_finished, then again when a
+-- notification names the job and every PGQUEUE["RESULT_RECHECK_SECONDS"] in case one was
+-- missed. No row: the job does not exist, or its enqueue has not committed.
+-- Locks: none (a plain read).
+-- Index: pgqueue_job_pkey (one PK lookup).
+-- Called by: results.Waiter, from pgqueue.result and Job.wait.
+SELECT status, result::text, last_error FROM pgqueue_job WHERE id = %(id)s

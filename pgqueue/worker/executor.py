@@ -329,7 +329,10 @@ def _handler_of(task: str) -> Callable[..., Any] | None:
 
 
 def run_handler(
-    ctx: JobContext, await_: Callable[[Awaitable[Any]], Any] | None = None
+    ctx: JobContext,
+    await_: Callable[[Awaitable[Any]], Any] | None = None,
+    *,
+    close_connections: bool = True,
 ) -> HandlerOutcome:
     """Run the job's handler once and say how it ended; an Exception is an outcome too.
 
@@ -338,6 +341,10 @@ def run_handler(
     any failure), and error texts are made storable and bounded, never refused. A plain
     function that returns an awaitable (a wrapped ``async def``) has it awaited through
     ``await_`` (on the event loop) while this thread waits.
+
+    Afterwards the thread's Django connections that are broken or past their age are
+    closed, as between two requests; ``close_connections=False`` leaves them to a caller
+    that ran the handler on its own connections and transaction (``pgqueue.testing``).
     """
     ctx.mark_started()
     outcome = HandlerOutcome(ctx, ok=False)
@@ -352,7 +359,8 @@ def run_handler(
         _raised(outcome, exc)
     finally:
         _ended(outcome)
-        close_old_connections()
+        if close_connections:
+            close_old_connections()
     return outcome
 
 

@@ -233,7 +233,7 @@ def prune_finished_jobs(
     rows something else holds are skipped (SKIP LOCKED), so a prune never delays a claim or
     an enqueue. The statuses take turns, one batch each, until each has fewer than a batch
     left or ``max_batches`` have run (None: ``PRUNE_BATCHES_PER_PASS``; 0: no bound, until
-    nothing is left, as ``manage.py pgqueue_prune`` does). Jobs whose attempts the metrics
+    nothing is left, as ``manage.py pgqueue prune`` does). Jobs whose attempts the metrics
     have not folded yet stay until a later pass.
     """
     budget = pgqueue_settings.PRUNE_BATCHES_PER_PASS if max_batches is None else max_batches

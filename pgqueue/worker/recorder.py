@@ -29,6 +29,24 @@ from .executor import ERROR_MAX_BYTES, HandlerOutcome, storable_text
 
 logger = logging.getLogger("pgqueue.worker")
 
+
+def stopped_outcome(ctx: JobContext) -> str | None:
+    """What the worker recorded when it ended ``ctx``'s attempt itself, without waiting for
+    its handler (``JobStops``): "cancelled", or for a timeout "failed" ("dead" on the last
+    attempt); None when it did not, and the handler's outcome was lost with the lease.
+
+    The batch line counts the job so when the handler's outcome comes in (dropped, since
+    the attempt is over), not as "discarded": that is an outcome the worker lost.
+    """
+    if not ctx.settled or ctx.lost:
+        return None
+    if ctx.stop_reason == "cancelled":
+        return "cancelled"
+    if ctx.stop_reason == "timed_out":
+        return "dead" if ctx.attempt >= ctx.max_attempts else "failed"
+    return None
+
+
 #: Most job ids the INFO line of a recorded batch names (then ``,+N`` more).
 LOGGED_IDS = 20
 
@@ -236,7 +254,8 @@ class OutcomeRecorder:
 
     def log(self, outcomes: list[HandlerOutcome], recorded: set[int]) -> None:
         """One INFO line per recorded batch; each outcome at DEBUG, each failure and
-        discard at WARNING.
+        discard at WARNING. The outcome of an attempt the worker had already ended
+        (cancelled, timed out: logged then) is counted as what was recorded, at DEBUG.
 
         A line per job was a fifth of a no-op job's cost at thousands of jobs/s
         (bench/results/worker-profile.md); the batch line keeps the counts and a bounded list
@@ -249,7 +268,24 @@ class OutcomeRecorder:
         for o in outcomes:
             self.finished += 1
             ctx = o.ctx
+            status = self.statuses.pop(ctx.id, None)  # taken whatever comes of it
             if ctx.id not in recorded:
+                stopped = stopped_outcome(ctx)
+                if stopped is not None:  # logged as the worker ended it (JobStops)
+                    counts[stopped] += 1
+                    logger.debug(
+                        "job=%d task=%s tenant=%s queue=%s attempt=%d outcome=%s reason=%s "
+                        "event=returned_after_stop action=discarded duration_ms=%.1f",
+                        ctx.id,
+                        ctx.task,
+                        ctx.tenant,
+                        ctx.queue,
+                        ctx.attempt,
+                        stopped,
+                        ctx.stop_reason,
+                        o.duration * 1000,
+                    )
+                    continue
                 counts["discarded"] += 1
                 logger.warning(
                     "job=%d task=%s tenant=%s queue=%s attempt=%d outcome=discarded "
@@ -263,7 +299,6 @@ class OutcomeRecorder:
                     o.duration * 1000,
                 )
                 continue
-            status = self.statuses.pop(ctx.id, None)
             if o.ok:
                 outcome = "done"
             elif status is not None:  # as JOB_FAIL_MANY decided

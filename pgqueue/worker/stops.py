@@ -122,6 +122,8 @@ class JobStops:
         for ctx in late:
             ctx.settled = True
             cancel_coroutine(ctx)
+            # Logged here, not by the recorder's batch line: its status is taken here too.
+            status = self.recorder.statuses.pop(ctx.id, None)
             logger.warning(
                 "job=%d task=%s tenant=%s queue=%s attempt=%d event=timed_out timeout_s=%g "
                 "outcome=%s action=result_will_be_discarded",
@@ -131,7 +133,9 @@ class JobStops:
                 ctx.queue,
                 ctx.attempt,
                 ctx.timeout or 0.0,
-                "failed" if ctx.id in recorded else "already_recorded_or_lost",
+                ("dead" if status == "dead" else "failed")
+                if ctx.id in recorded
+                else "already_recorded_or_lost",
             )
 
     @staticmethod

@@ -361,5 +361,55 @@ def snooze(payload, job):
     return {"snoozed": snoozed, "attempt": job.attempt}
 
 
+# -- waiting for results (tests/test_results.py) --------------------------------------------
+
+
+@pgqueue.task(name="test.permanent")
+def permanent(payload, job):
+    """Fail with ``pgqueue.PermanentError(payload["reason"])``: dead at once, no retry."""
+    raise pgqueue.PermanentError(payload["reason"])
+
+
+# -- running jobs in the test's own transaction (tests/test_testing_helpers.py) -------------
+
+
+@pgqueue.task(name="test.chain")
+def chain(payload, job):
+    """Enqueue a job of ``payload["next"]`` with ``payload.get("with")`` for the same tenant,
+    ``payload.get("delay")`` seconds from now; or, when ``payload["again"]``, one more job
+    of this task with this payload (for ever). Returns the new job's id."""
+    if payload.get("again"):
+        new, _ = pgqueue.enqueue("test.chain", payload, tenant=job.tenant)
+    else:
+        new, _ = pgqueue.enqueue(
+            payload["next"], payload.get("with"), tenant=job.tenant, delay=payload.get("delay")
+        )
+    return {"enqueued": new.id}
+
+
+@pgqueue.task(name="test.cancel_self")
+def cancel_self(payload, job):
+    """Ask for this running job's own cancellation, then (with ``payload["heartbeat"]``)
+    call ``job.heartbeat()``, which raises JobCancelled, or return: discarded either way."""
+    from pgqueue import services
+
+    services.cancel(job.id)
+    if payload and payload.get("heartbeat"):
+        job.heartbeat()
+    return {"ignored": True}
+
+
+@pgqueue.task(name="test.db_error", max_attempts=1)
+def db_error(payload, job):
+    """Create the tenant ``payload["tenant"]``, then run a statement PostgreSQL refuses."""
+    from django.db import connection
+
+    from pgqueue.models import Tenant
+
+    Tenant.objects.create(name=payload["tenant"])
+    with connection.cursor() as cur:
+        cur.execute("SELECT 1 / 0")
+
+
 if os.environ.get("TESTS_SIGNAL_LOG"):
     from tests.taskapp import signal_receivers  # noqa: F401  (tests/test_retry_policies.py)

@@ -4,8 +4,10 @@
 listed first in INSTALLED_APPS wins. ``manage.py pgqueue worker`` is the same command as
 pgqueue's ``runworker``, whichever apps are installed. Each subcommand is an ordinary
 management command (its own options, its own ``handle``) registered in ``SUBCOMMANDS``: the
-worker, and the operators' commands of ``pgqueue.cli`` (jobs, show, retry, weight…), whose
-registry is where new ones are added.
+worker, the operators' commands of ``pgqueue.cli`` (jobs, show, retry, weight…), whose
+registry is where new ones are added, and ``apikey`` and ``prune``, which print text only
+(no ``--json``) and also answer to their older names, ``pgqueue_apikey`` and
+``pgqueue_prune`` (aliases: the same classes).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from pgqueue import cli
+from pgqueue.cli.apikeys import ApiKeyCommand
+from pgqueue.cli.prune import PruneCommand
 
 from . import runworker
 
@@ -23,6 +27,8 @@ from . import runworker
 SUBCOMMANDS: dict[str, type[BaseCommand]] = {
     "worker": runworker.Command,
     **cli.SUBCOMMANDS,
+    ApiKeyCommand.name: ApiKeyCommand,
+    PruneCommand.name: PruneCommand,
 }
 
 # Django's own options (-v, --settings, --traceback…), accepted after the subcommand too
@@ -41,7 +47,9 @@ _BASE_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 
 class Command(BaseCommand):
     help = (
-        "pgqueue's commands: `worker` runs jobs (the same command as runworker); "
+        "pgqueue's commands: `worker` runs jobs (the same command as runworker); `apikey` "
+        "creates, lists and revokes API keys, and `prune` deletes finished jobs past their "
+        "retention now (the same commands as pgqueue_apikey and pgqueue_prune); "
         f"{', '.join(f'`{name}`' for name in cli.SUBCOMMANDS)} do what the admin does, each "
         "with --json for scripts (`manage.py pgqueue SUBCOMMAND --help`). Their "
         f"{cli.EXIT_CODES_HELP}"

@@ -222,17 +222,37 @@ def _configure_logging(verbosity: int) -> None:
     and every record a handler logs (at INFO and above by default), the latter prefixed
     with the job's id, task, tenant and attempt. A project with a LOGGING of its own keeps
     it, and adds the filter where it wants the fields.
+
+    Django's records (``django.tasks`` logs a line as each task starts and ends) come
+    through the same handler, once each: Django's default logging sets the "django"
+    logger to INFO, which the root's level does not override, so the handler itself drops
+    what the verbosity does not show; and Django's development console handler (DEBUG=True
+    only) is taken off, as it would print each of them a second time.
     """
     root = logging.getLogger()
     if logging.getLogger("pgqueue").handlers or root.handlers:
         return
-    handler = logging.StreamHandler()
-    handler.addFilter(JobContextFilter())
-    handler.setFormatter(logging.Formatter(DEFAULT_FORMAT, datefmt="%Y-%m-%dT%H:%M:%S%z"))
-    root.addHandler(handler)
     # -v 0: warnings only (failures); -v 1 (default): a line per recorded batch; -v 2: debug
     # (a line per job).
     # Other libraries stay at INFO with -v 2, so that only pgqueue's debug lines are added.
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+    handler = logging.StreamHandler()
+    handler.setLevel(level)
+    handler.addFilter(JobContextFilter())
+    handler.setFormatter(logging.Formatter(DEFAULT_FORMAT, datefmt="%Y-%m-%dT%H:%M:%S%z"))
+    root.addHandler(handler)
     root.setLevel(max(level, logging.INFO) if verbosity else logging.WARNING)
     logging.getLogger("pgqueue").setLevel(level)
+    django_logger = logging.getLogger("django")
+    for other in list(django_logger.handlers):
+        if _is_djangos_debug_console(other):
+            django_logger.removeHandler(other)
+
+
+def _is_djangos_debug_console(handler: logging.Handler) -> bool:
+    """Django's DEFAULT_LOGGING "console": a stream handler that prints only with DEBUG."""
+    from django.utils.log import RequireDebugTrue
+
+    return type(handler) is logging.StreamHandler and any(
+        isinstance(f, RequireDebugTrue) for f in handler.filters
+    )
