@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from django.db import close_old_connections
 
 from .. import signals
-from ..exceptions import PermanentError, Retry, UnknownTask
+from ..exceptions import Retry, UnknownTask
 from ..log import job_context
 from ..registry import get_task
 from ..retry import RetryPolicy, bounded_delay
@@ -425,16 +425,18 @@ def _raised(outcome: HandlerOutcome, exc: BaseException) -> None:
         outcome.error = f"Retry(in_={exc.seconds!r}): a snooze needs a delay above 0 seconds"
     outcome.traceback = format_traceback()
     policy = _policy_of(outcome.ctx.task)
-    if policy is None:
-        outcome.permanent = isinstance(exc, PermanentError)
-        return
     outcome.permanent = policy.permanent(exc)
     if not outcome.permanent:
         outcome.retry_in = policy.delay(outcome.ctx.attempt, exc)
 
 
-def _policy_of(task: str) -> RetryPolicy | None:
+#: A task without a policy of its own: every error retried (but PermanentError), the
+#: global backoff.
+GLOBAL_POLICY = RetryPolicy()
+
+
+def _policy_of(task: str) -> RetryPolicy:
     try:
-        return get_task(task).retry
+        return get_task(task).retry or GLOBAL_POLICY
     except Exception:  # an unknown task: its failure is already the outcome
-        return None
+        return GLOBAL_POLICY

@@ -299,12 +299,9 @@ class OutcomeRecorder:
                     o.duration * 1000,
                 )
                 continue
-            if o.ok:
-                outcome = "done"
-            elif status is not None:  # as JOB_FAIL_MANY decided
-                outcome = {"dead": "dead", "snoozed": "snoozed"}.get(status, "failed")
-            else:
-                outcome = "dead" if o.permanent or ctx.attempt >= ctx.max_attempts else "failed"
+            # A failure's as JOB_FAIL_MANY decided it; one without a status was refused by the
+            # fence and recorded cancelled (the test below).
+            outcome = "done" if o.ok else status if status in ("dead", "snoozed") else "failed"
             if ctx.stop_reason == "cancelled":  # its cancel request won the race
                 outcome = "cancelled"
             counts[outcome] += 1
