@@ -95,8 +95,10 @@ SELECT id FROM done CROSS JOIN notified
 -- wins here too). Writes one attempt row per job ('failed', or 'snoozed') with the error
 -- and traceback. A timeout the worker enforces is recorded here too, as a failure whose
 -- error says "timed out after N s". The handler's start and end are kept within what the
--- database saw, as in JOB_COMPLETE_MANY. Notifies pgqueue_finished with the ids of the
--- jobs it made dead (notified; see the top of this file), not of those to be retried.
+-- database saw, as in JOB_COMPLETE_MANY, and its end is never before its claim (a worker's
+-- clock estimate may lag a little: a retry's backoff then counts from the claim at least).
+-- Notifies pgqueue_finished with the ids of the jobs it made dead (notified; see the top
+-- of this file), not of those to be retried.
 -- Locks: the matched job rows, until the worker's transaction commits, at once.
 -- Index: pgqueue_job_pkey (PK lookups); the rows move from pgqueue_job_lease to
 --   pgqueue_job_scheduled.
@@ -115,6 +117,7 @@ WITH input AS (
 -- snoozes, so reading them unlocked here agrees with the row the UPDATE below fences.
 decided AS (
     SELECT i.*, j.attempts, j.snoozes,
+           GREATEST(i.ended, j.claimed_at) AS end_at,  -- never before its claim
            (i.snooze IS NOT NULL AND j.snoozes < %(max_snoozes)s) AS snoozed,
            (i.snooze IS NULL OR j.snoozes >= %(max_snoozes)s)
              AND (i.permanent OR j.attempts >= j.max_attempts) AS dead
@@ -124,13 +127,13 @@ failed AS (
     UPDATE pgqueue_job j
        SET status = CASE WHEN d.dead THEN 'dead' ELSE 'scheduled' END,
            run_at = CASE WHEN d.dead THEN j.run_at
-                         WHEN d.snoozed THEN d.ended + d.snooze * interval '1 second'
-                         ELSE d.ended + COALESCE(d.retry_in, random() * LEAST(%(backoff_cap)s::float8, %(backoff_base)s::float8 * power(2.0, GREATEST(j.attempts - 1, 0))))
+                         WHEN d.snoozed THEN d.end_at + d.snooze * interval '1 second'
+                         ELSE d.end_at + COALESCE(d.retry_in, random() * LEAST(%(backoff_cap)s::float8, %(backoff_base)s::float8 * power(2.0, GREATEST(j.attempts - 1, 0))))
                               * interval '1 second' END,
            attempts = CASE WHEN d.snoozed THEN j.attempts - 1 ELSE j.attempts END,
            snoozes = CASE WHEN d.snoozed THEN j.snoozes + 1 ELSE j.snoozes END,
-           finished_at = CASE WHEN d.dead THEN d.ended END,
-           started_at = LEAST(GREATEST(j.claimed_at, d.started), d.ended),
+           finished_at = CASE WHEN d.dead THEN d.end_at END,
+           started_at = LEAST(GREATEST(j.claimed_at, d.started), d.end_at),
            last_error = CASE WHEN d.snooze IS NOT NULL AND NOT d.snoozed
                              THEN format('snoozed %%s times, the most PGQUEUE[''MAX_SNOOZES''] allows: a failed attempt (%%s)', j.snoozes, d.error)
                              ELSE d.error END,
@@ -139,7 +142,7 @@ failed AS (
      WHERE j.id = d.id AND j.attempts = d.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
        AND j.cancel_requested_at IS NULL  -- a cancel request committed first wins
-    RETURNING j.id, d.attempt, j.claimed_at, j.started_at, d.ended, j.status, j.run_at,
+    RETURNING j.id, d.attempt, j.claimed_at, j.started_at, d.end_at AS ended, j.status, j.run_at,
               j.last_error, d.tb, j.limit_ids, d.snoozed
 ),
 uncount_n AS MATERIALIZED (
