@@ -163,7 +163,8 @@ def reset_tables() -> None:
         cur.execute(
             "TRUNCATE pgqueue_job, pgqueue_job_attempt, pgqueue_fair_clock, "
             "pgqueue_queue_weight, pgqueue_worker, pgqueue_task_stat, pgqueue_stat_mark, "
-            "pgqueue_api_key, pgqueue_tenant, pgqueue_limit, pgqueue_key RESTART IDENTITY CASCADE"
+            "pgqueue_api_key, pgqueue_tenant, pgqueue_limit, pgqueue_key, pgqueue_workflow "
+            "RESTART IDENTITY CASCADE"
         )
 
 

@@ -21,6 +21,14 @@ def word_count(payload: dict[str, Any], job: Any) -> dict[str, int]:
     return {"words": len(text.split())}
 
 
+@pgqueue.task(name="sum_words")
+def sum_words(payload: Any, job: Any) -> dict[str, int]:
+    """A workflow's last step: the words the word_count steps it waits for counted
+    (``job.upstream_results``, by step name)."""
+    counts = [r for r in job.upstream_results.values() if isinstance(r, dict)]
+    return {"words": sum(int(r.get("words", 0)) for r in counts), "parts": len(counts)}
+
+
 @pgqueue.task(name="noop")
 def noop(payload: Any, job: Any) -> None:
     return None

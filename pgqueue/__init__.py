@@ -37,6 +37,7 @@ from .exceptions import (
     Retry,
     TooManyQueues,
     UnknownTask,
+    UpstreamTooLarge,
 )
 from .registry import get_task
 from .retry import Backoff
@@ -62,11 +63,17 @@ __all__ = [
     "Task",
     "TooManyQueues",
     "UnknownTask",
+    "UpstreamTooLarge",
+    "Workflow",
+    "chain",
+    "chord",
     "enqueue",
     "enqueue_many",
     "get_task",
+    "group",
     "periodic",
     "result",
+    "step",
     "task",
 ]
 
@@ -85,6 +92,8 @@ def enqueue(
     timeout: float | dt.timedelta | None = None,
     concurrency_key: str | Callable[[Any], str | None] | None = None,
     key_max_running: int | None = None,
+    depends_on: Iterable[Any] | None = None,
+    on_upstream_failure: str = "cancel",
     using: str | None = None,
 ) -> Enqueued:
     """Enqueue one job in the current transaction of ``using``; returns ``(job, created)``.
@@ -111,6 +120,11 @@ def enqueue(
         function of the payload giving one. Default the task's (None: no key).
     :param key_max_running: the key's cap, 1..10,000; 1 runs the key's jobs one at a time
         in enqueue order (a sequence). Default the task's, then ``DEFAULT_KEY_MAX_RUNNING``.
+    :param depends_on: jobs of the tenant (``Job`` objects or ids) this one waits for: it
+        is 'waiting' until they have all ended, then runs (``pgqueue.Workflow`` builds
+        whole graphs). At most ``MAX_DEPENDENCIES``.
+    :param on_upstream_failure: ``"cancel"`` (default): cancelled when a dependency ends
+        dead or cancelled; ``"run"``: runs once all have ended, whatever their outcome.
     :param using: the database alias.
     """
     from .services import enqueue as _enqueue
@@ -128,6 +142,8 @@ def enqueue(
         timeout=timeout,
         concurrency_key=concurrency_key,
         key_max_running=key_max_running,
+        depends_on=depends_on,
+        on_upstream_failure=on_upstream_failure,
         using=using,
     )
 
@@ -145,6 +161,8 @@ def enqueue_many(
     timeout: float | dt.timedelta | None = None,
     concurrency_key: str | Sequence[str | None] | Callable[[Any], str | None] | None = None,
     key_max_running: int | None = None,
+    depends_on: Iterable[Any] | None = None,
+    on_upstream_failure: str = "cancel",
     using: str | None = None,
 ) -> list[int]:
     """Enqueue one job per payload, all or none, and return their ids in order.
@@ -152,7 +170,8 @@ def enqueue_many(
     One statement per 1,000 payloads, in one transaction; the options (as for
     ``enqueue``, but without an idempotency key, which names one job) apply to every job;
     ``concurrency_key`` may also be a list of one key (or None) per payload, or a
-    function of the payload: each job then has its own key.
+    function of the payload: each job then has its own key. ``depends_on`` and
+    ``on_upstream_failure``: every job waits for those jobs, as with ``enqueue``.
     """
     from .services import enqueue_many as _enqueue_many
 
@@ -168,8 +187,23 @@ def enqueue_many(
         timeout=timeout,
         concurrency_key=concurrency_key,
         key_max_running=key_max_running,
+        depends_on=depends_on,
+        on_upstream_failure=on_upstream_failure,
         using=using,
     )
+
+
+#: Names served from ``pgqueue.workflows`` on first use: that module reads the models,
+#: which cannot be imported while Django loads its apps (and this package with them).
+_WORKFLOW_NAMES = ("Workflow", "chain", "chord", "group", "step")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WORKFLOW_NAMES:
+        from . import workflows
+
+        return getattr(workflows, name)
+    raise AttributeError(f"module 'pgqueue' has no attribute {name!r}")
 
 
 def result(

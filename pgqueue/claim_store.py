@@ -183,6 +183,9 @@ class Turn(NamedTuple):
     failed: dict[int, str]  # the failures recorded: {job id: its new status}
     jobs: list[ClaimedJob]  # the jobs claimed, best first
     examined: int = 0  # new keyed jobs KEY_SETTLE examined (``admit`` of them: look again)
+    #: Successes a job waits for (JOB_COMPLETE_MANY's awaited): the worker settles their
+    #: dependents once the turn has committed (pgqueue.workflow_store).
+    awaited: frozenset[int] = frozenset()
 
 
 def turn(
@@ -248,8 +251,10 @@ def turn(
     recorded: set[int] = set()
     failed: dict[int, str] = {}
     at = 2
+    awaited: frozenset[int] = frozenset()
     if successes:
         recorded |= {row[0] for row in results[at]}
+        awaited = frozenset(row[0] for row in results[at] if row[1])
         at += 1
     if failures:
         failed = {row[0]: row[1] for row in results[at]}
@@ -261,4 +266,4 @@ def turn(
     if settle or admit > 0:
         examined = int(results[at][0][0])
         at += 1
-    return Turn(recorded, failed, _jobs(results[at]) if limit > 0 else [], examined)
+    return Turn(recorded, failed, _jobs(results[at]) if limit > 0 else [], examined, awaited)

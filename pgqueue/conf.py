@@ -40,6 +40,14 @@ DEFAULTS: dict[str, Any] = {
     "MAX_RETRY_DELAY_SECONDS": 7 * 86400.0,
     # Snoozes (pgqueue.Retry) one job may take without spending an attempt.
     "MAX_SNOOZES": 100,
+    # Workflows (pgqueue.workflows): jobs in one workflow, and dependencies of one job.
+    "MAX_WORKFLOW_JOBS": 10_000,
+    "MAX_DEPENDENCIES": 1_000,
+    # Bytes of its dependencies' results, together, a handler may read (job.upstream).
+    "MAX_UPSTREAM_RESULT_BYTES": 16 * 1024 * 1024,
+    # Waiting jobs maintenance re-examines a pass, in id order, round and round: the
+    # repair for a dependent whose settling a crash interrupted.
+    "WAITING_SWEEP_BATCH": 500,
     # Attempts a job gets when neither the task nor the enqueue call says otherwise (1..100).
     "DEFAULT_MAX_ATTEMPTS": 5,
     "DEFAULT_QUEUE": "default",
@@ -228,6 +236,21 @@ HELP: dict[str, str] = {
     "MAX_SNOOZES": (
         "Times one job may snooze (`raise pgqueue.Retry(in_=...)`) without spending an "
         "attempt; past it a snooze counts as a failed attempt"
+    ),
+    "MAX_WORKFLOW_JOBS": (
+        "Jobs one workflow may hold (`pgqueue.Workflow`, `POST /workflows`); more is refused "
+        "naming `jobs`"
+    ),
+    "MAX_DEPENDENCIES": (
+        "Dependencies one job may have (`depends_on`); more is refused naming `depends_on`"
+    ),
+    "MAX_UPSTREAM_RESULT_BYTES": (
+        "Bytes of its dependencies' results, together, a handler may read as "
+        "`job.upstream_results`; more raises `pgqueue.UpstreamTooLarge` (a PermanentError)"
+    ),
+    "WAITING_SWEEP_BATCH": (
+        "Waiting jobs maintenance re-examines per pass (round and round, in id order): it "
+        "settles a dependent whose settling a crashed process interrupted"
     ),
     "DEFAULT_MAX_ATTEMPTS": (
         "Attempts a job gets unless its task or the enqueue call says otherwise (1..100)"

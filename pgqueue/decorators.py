@@ -38,6 +38,8 @@ class Task(RegisteredTask):
         timeout: float | dt.timedelta | None = None,
         concurrency_key: str | Callable[[Any], str | None] | None = None,
         key_max_running: int | None = None,
+        depends_on: Iterable[Any] | None = None,
+        on_upstream_failure: str = "cancel",
         using: str | None = None,
     ) -> Enqueued:
         """Enqueue one job of this task: ``pgqueue.enqueue(this task, payload, ...)``,
@@ -57,6 +59,8 @@ class Task(RegisteredTask):
             timeout=timeout,
             concurrency_key=concurrency_key,
             key_max_running=key_max_running,
+            depends_on=depends_on,
+            on_upstream_failure=on_upstream_failure,
             using=using,
         )
 
@@ -73,6 +77,8 @@ class Task(RegisteredTask):
         timeout: float | dt.timedelta | None = None,
         concurrency_key: str | Sequence[str | None] | Callable[[Any], str | None] | None = None,
         key_max_running: int | None = None,
+        depends_on: Iterable[Any] | None = None,
+        on_upstream_failure: str = "cancel",
         using: str | None = None,
     ) -> list[int]:
         """Enqueue one job of this task per payload: ``pgqueue.enqueue_many(this task,
@@ -91,6 +97,8 @@ class Task(RegisteredTask):
             timeout=timeout,
             concurrency_key=concurrency_key,
             key_max_running=key_max_running,
+            depends_on=depends_on,
+            on_upstream_failure=on_upstream_failure,
             using=using,
         )
 

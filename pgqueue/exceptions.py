@@ -99,8 +99,8 @@ class PayloadTooLarge(InvalidJob):
 
     code = "payload_too_large"
 
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__("payload", f"{size} bytes of JSON, more than the limit of {limit}")
+    def __init__(self, size: int, limit: int, field: str = "payload") -> None:
+        super().__init__(field, f"{size} bytes of JSON, more than the limit of {limit}")
 
 
 class TooManyQueues(InvalidJob):
@@ -183,4 +183,23 @@ class JobNotCommitted(PgQueueError):
             "worker can see it before that transaction commits, so waiting for it there "
             "would never end; wait after the transaction commits (outside "
             "transaction.atomic(), or in transaction.on_commit)"
+        )
+
+
+class UpstreamTooLarge(PermanentError):
+    """The results of a job's dependencies are larger, together, than
+    ``PGQUEUE["MAX_UPSTREAM_RESULT_BYTES"]``: ``job.upstream_results`` would not fit in a
+    worker's memory. A ``PermanentError``: a handler that lets it propagate makes its job
+    dead at once (retrying cannot shrink the results); one that catches it can read what it
+    needs itself, e.g. ``pgqueue.result(id)`` of each dependency."""
+
+    def __init__(
+        self, job_id: int, count: int, total: int, limit: int, ids: list[int] | None = None
+    ) -> None:
+        self.job_id, self.count, self.total, self.limit = job_id, count, total, limit
+        #: The dependencies' ids, in id order (each one's result: ``pgqueue.result(id)``).
+        self.ids = ids or []
+        super().__init__(
+            f"the results of job {job_id}'s {count} dependencies take {total} bytes, more "
+            f"than PGQUEUE['MAX_UPSTREAM_RESULT_BYTES'] ({limit})"
         )

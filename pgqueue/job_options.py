@@ -179,7 +179,7 @@ def encode_payload(payload: Any, field_name: str = "payload") -> str:
     limit = int(pgqueue_settings.MAX_PAYLOAD_BYTES)
     size = len(data)
     if size > limit:
-        raise PayloadTooLarge(size, limit)
+        raise PayloadTooLarge(size, limit, field_name)
     return text
 
 

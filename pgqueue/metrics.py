@@ -4,12 +4,14 @@ The collector queries the database at scrape time, so every process serving /met
 (each gunicorn worker) reports the same numbers: nothing is kept per process, and no
 multiprocess directory is needed for pgqueue's series. The gauges are ``pgqueue.reads``'s
 figures, the same the dashboard and /stats show, and like them no scrape reads every job:
-``pgqueue_jobs`` is exact for the live statuses (scheduled, queued, running: the partial
-indexes), and for the finished ones (done, dead, cancelled) counts up to
+``pgqueue_jobs`` is exact for the live statuses (waiting, scheduled, queued, running: the
+partial indexes), and for the finished ones (done, dead, cancelled) counts up to
 ``PGQUEUE["COUNT_CAP"]`` + 1 rows per queue, a lower bound past the cap (rates of finished
 work come from ``pgqueue_job_outcomes``, which is exact and monotonic). The outcome
 counters and run-time histograms come from pgqueue_task_stat, which maintenance keeps up to
 date from the attempt history, so they are monotonic and cost a few rows per task to read.
+``pgqueue_workflows_live`` counts the workflows with an unfinished job from the partial
+index of live workflow jobs (pgqueue_job_workflow_live): finished workflows cost nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from prometheus_client.registry import Collector
 
 from . import limit_reads, liveness, reads
 from .conf import pgqueue_settings, queue_db
-from .models import RUN_TIME_BUCKETS, TaskStat
+from .models import LIVE_STATUSES, RUN_TIME_BUCKETS, Job, TaskStat
 
 TOP_TENANTS = 20
 
@@ -85,6 +87,11 @@ class PgQueueCollector(Collector):
         )
         yield GaugeMetricFamily(
             "pgqueue_workers_alive", "Workers seen within a lease", value=liveness.workers_alive()
+        )
+        yield GaugeMetricFamily(
+            "pgqueue_workflows_live",
+            "Workflows with at least one unfinished (waiting, scheduled, queued or running) job",
+            value=live_workflows(),
         )
         yield from self._task_stats()
 
@@ -166,6 +173,23 @@ class PgQueueCollector(Collector):
             )
         yield outcomes
         yield run_time
+
+
+def live_workflows(*, using: str | None = None) -> int:
+    """How many workflows have an unfinished job.
+
+    Its filter is the predicate of the partial index pgqueue_job_workflow_live (live jobs
+    of a workflow only), so the DISTINCT reads that index's entries, one per live job,
+    whatever the number of finished workflows and jobs kept.
+    """
+    return (
+        Job.objects.using(queue_db(using))
+        .filter(workflow__isnull=False, status__in=LIVE_STATUSES)
+        .order_by()
+        .values("workflow_id")
+        .distinct()
+        .count()
+    )
 
 
 _registered = False

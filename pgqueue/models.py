@@ -41,6 +41,7 @@ class BigIntArrayField(models.Field):
 
 
 class Status(models.TextChoices):
+    WAITING = "waiting"  # for its dependencies to end (pgqueue.workflows)
     SCHEDULED = "scheduled"  # waiting for run_at (a delay or a retry backoff)
     QUEUED = "queued"  # runnable, ordered by priority then fair virtual time
     RUNNING = "running"  # leased to a worker
@@ -135,6 +136,42 @@ class FairClock(models.Model):
         return f"{self.tenant_id} in {self.queue} at priority {self.priority}: {self.vtime}"
 
 
+#: The statuses of a job that has not ended.
+LIVE_STATUSES = ("waiting", "scheduled", "queued", "running")
+#: The statuses of a job that has ended.
+FINISHED_STATUSES = ("done", "dead", "cancelled")
+
+
+class Workflow(models.Model):
+    """Jobs of one tenant enqueued together, some waiting for others (pgqueue.workflows).
+
+    Its status is read from its jobs' (at most PGQUEUE["MAX_WORKFLOW_JOBS"] of them); it
+    is deleted with its last job when retention prunes them.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(
+        Tenant,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_column="tenant",
+        db_index=False,
+        related_name="workflows",
+    )
+    name = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgqueue_workflow"
+        indexes = [
+            # A tenant's workflows newest first (GET /workflows, the admin's list).
+            models.Index(fields=["tenant", "id"], name="pgqueue_workflow_tenant_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"workflow #{self.id} {self.name}".rstrip()
+
+
 class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
     queue = models.CharField(max_length=NAME_MAX)
@@ -200,6 +237,25 @@ class Job(models.Model):
     snoozes = models.IntegerField(
         default=0, db_default=0, help_text="snoozes taken (pgqueue.Retry), not attempts"
     )
+    # Workflows (pgqueue.workflows): the workflow it belongs to and its step's name there;
+    # whether it runs when a dependency ends dead or cancelled (else it is cancelled); and
+    # the dependency whose end cancelled it (retrying that one makes it wait again).
+    # No foreign-key constraint on workflow_id: as for tenant, every enqueue would pay for
+    # a per-row check.
+    workflow = models.ForeignKey(
+        Workflow,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        null=True,
+        blank=True,
+        related_name="jobs",
+    )
+    step = models.CharField(max_length=NAME_MAX, null=True, blank=True)
+    run_on_upstream_failure = models.BooleanField(default=False, db_default=False)
+    failed_upstream_id = models.BigIntegerField(
+        null=True, blank=True, help_text="the dependency whose end cancelled this job"
+    )
 
     class Meta:
         db_table = "pgqueue_job"
@@ -258,6 +314,20 @@ class Job(models.Model):
                 condition=Q(status="running"),
                 name="pgqueue_job_lease",
             ),
+            # JOB_SETTLE_WAITING's sweep: waiting jobs in id order.
+            models.Index(fields=["id"], condition=Q(status="waiting"), name="pgqueue_job_waiting"),
+            # A workflow's jobs (its page, its cancel), and whether any is still live
+            # (JOB_PRUNE_FINISHED keeps a workflow's jobs until none is).
+            models.Index(
+                fields=["workflow", "id"],
+                condition=Q(workflow__isnull=False),
+                name="pgqueue_job_workflow",
+            ),
+            models.Index(
+                fields=["workflow"],
+                condition=Q(workflow__isnull=False, status__in=LIVE_STATUSES),
+                name="pgqueue_job_workflow_live",
+            ),
             # JOB_PRUNE_FINISHED: finished jobs of one status, oldest first.
             models.Index(
                 fields=["status", "finished_at"],
@@ -274,6 +344,12 @@ class Job(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(status__in=Status.values), name="pgqueue_job_status_valid"
+            ),
+            # A step's name is unique in its workflow (upstream results are read by it).
+            models.UniqueConstraint(
+                fields=["workflow", "step"],
+                condition=Q(workflow__isnull=False, step__isnull=False),
+                name="pgqueue_job_workflow_step",
             ),
             models.CheckConstraint(
                 condition=Q(priority__gte=-100, priority__lte=100),
@@ -358,7 +434,35 @@ JOB_FIELDS = (
     "cancel_requested_at",
     "concurrency_key",
     "key_max_running",
+    "workflow",
+    "step",
 )
+
+
+class JobDependency(models.Model):
+    """``job`` waits until ``upstream`` has ended (pgqueue.workflows). The upstream was
+    enqueued before the job (its id is smaller), so the edges never form a cycle."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+", db_index=False)
+    upstream = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+", db_index=False)
+
+    class Meta:
+        db_table = "pgqueue_job_dependency"
+        constraints = [
+            # A job's dependencies (JOB_SETTLE_WAITING's verdict, upstream results).
+            models.UniqueConstraint(fields=["job", "upstream"], name="pgqueue_job_dep_uniq"),
+            models.CheckConstraint(
+                condition=Q(upstream__lt=models.F("job")), name="pgqueue_job_dep_older"
+            ),
+        ]
+        indexes = [
+            # A job's dependents (who waits for the job that just ended).
+            models.Index(fields=["upstream", "job"], name="pgqueue_job_dep_upstream"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} after job {self.upstream_id}"
 
 
 class Dashboard(Job):

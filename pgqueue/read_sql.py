@@ -13,8 +13,9 @@ keyset page of the primary key within a window of ``PGQUEUE["LIST_WINDOW"]`` job
 =============================  =====================================================  ======
 read (reads.py)                what it reads                                          scans
 =============================  =====================================================  ======
-job_counts                     JOB_COUNTS_BOUNDED: claim, scheduled, lease indexes    no
-                               (live rows only); pgqueue_job_finished_queue (≤ COUNT_CAP
+job_counts                     JOB_COUNTS_BOUNDED: claim, scheduled, lease and        no
+                               waiting indexes (live rows only);
+                               pgqueue_job_finished_queue (≤ COUNT_CAP
                                + 1 entries per queue and finished status)
 oldest_runnable                queued rows, through pgqueue_job_claim                 no
 tenant_counts (annotation)     TENANT_JOBS_BACKLOG / _IN_STATUS per tenant asked for  no*
@@ -213,9 +214,9 @@ SELECT t.task
 #     arm each (the claim index holds only ungated jobs, so a bare ``status = 'queued'``
 #     matches neither and reads an index of every job; an OR of the two would need a
 #     bitmap scan, which BOUNDED_COUNT_PLANS turns off);
-#     pgqueue_job_scheduled
-#     and pgqueue_job_lease (their rows, for the queue). A single ``status IN (…)`` would
-#     match none of them and scan the table;
+#     pgqueue_job_scheduled, pgqueue_job_lease and pgqueue_job_waiting (the jobs waiting
+#     for their dependencies: pgqueue.workflows) (their rows, for the queue). A single
+#     ``status IN (…)`` would match none of them and scan the table;
 #   - finished rows through the partial index pgqueue_job_finished_queue (queue, status): the
 #     distinct queues by a skip scan (_queues_of: one probe per queue; its
 #     ``status IN (…)`` is the index's own predicate), then per queue and status an
@@ -233,6 +234,8 @@ SELECT queue, 'queued', count(*)
         UNION ALL
         SELECT queue FROM pgqueue_job WHERE status = 'queued' AND key_state = 'waiting') queued
  GROUP BY queue
+UNION ALL
+SELECT queue, 'waiting', count(*) FROM pgqueue_job WHERE status = 'waiting' GROUP BY queue
 UNION ALL
 SELECT queue, 'scheduled', count(*) FROM pgqueue_job WHERE status = 'scheduled' GROUP BY queue
 UNION ALL
@@ -330,4 +333,67 @@ SELECT (SELECT count(*) FROM pgqueue_key),
        (SELECT COALESCE(sum(running), 0) FROM pgqueue_key),
        (SELECT count(*) FROM pgqueue_job WHERE status = 'queued' AND key_state = 'new')
        + (SELECT count(*) FROM pgqueue_job WHERE status = 'queued' AND key_state = 'waiting')
+"""
+
+
+# -- name: WORKFLOW_JOBS
+# A workflow's jobs in id order (dependencies before their dependents), at most %(limit)s
+# of them (PGQUEUE["MAX_WORKFLOW_JOBS"]: no workflow has more when it is enqueued).
+# Reads: pgqueue_job_workflow (workflow_id, id) and the job rows. Locks: nothing.
+# Called by workflow_reads.describe (GET /workflows/<id>, the admin's workflow page, the CLI).
+WORKFLOW_JOBS = """
+SELECT id, step, task, status, queue, priority, attempts, max_attempts, created_at,
+       started_at, finished_at, last_error, run_on_upstream_failure, failed_upstream_id
+  FROM pgqueue_job
+ WHERE workflow_id = %(id)s
+ ORDER BY id
+ LIMIT %(limit)s
+"""
+
+
+# -- name: WORKFLOW_EDGES
+# The dependencies of a workflow's jobs (job, upstream), at most %(limit)s of them.
+# Reads: pgqueue_job_workflow (the jobs), pgqueue_job_dep_uniq (their edges). Locks:
+# nothing. Called by workflow_reads.describe.
+WORKFLOW_EDGES = """
+SELECT d.job_id, d.upstream_id
+  FROM pgqueue_job j JOIN pgqueue_job_dependency d ON d.job_id = j.id
+ WHERE j.workflow_id = %(id)s
+ ORDER BY d.job_id, d.upstream_id
+ LIMIT %(limit)s
+"""
+
+
+# -- name: WORKFLOW_PAGE
+# One page of workflows, newest first, below the id %(before)s (NULL: from the newest),
+# of the tenant %(tenant)s (NULL: every tenant), each with whether any of its jobs is
+# unfinished. (id, tenant, name, created_at, live).
+# Reads: pgqueue_workflow_tenant_id or the pkey (a keyset page), and one probe of
+# pgqueue_job_workflow_live per workflow shown. Locks: nothing.
+# Called by workflow_reads.page (GET /workflows, the CLI).
+WORKFLOW_PAGE = """
+SELECT w.id, w.tenant, w.name, w.created_at,
+       EXISTS (SELECT 1 FROM pgqueue_job l
+                WHERE l.workflow_id = w.id
+                  AND l.status IN ('waiting', 'scheduled', 'queued', 'running')) AS live
+  FROM pgqueue_workflow w
+ WHERE (%(tenant)s::text IS NULL OR w.tenant = %(tenant)s)
+   AND (%(before)s::bigint IS NULL OR w.id < %(before)s)
+ ORDER BY w.id DESC
+ LIMIT %(limit)s
+"""
+
+
+# -- name: JOB_DEPENDENCY_IDS
+# The dependencies and the dependents of one job (ids), at most %(limit)s of each.
+# Reads: pgqueue_job_dep_uniq and pgqueue_job_dep_upstream (index-only). Locks: nothing.
+# Called by workflow_reads.neighbours (GET /jobs/<id>, the admin's job page).
+JOB_DEPENDENCY_IDS = """
+SELECT 'upstream' AS side, upstream_id AS id FROM (
+    SELECT upstream_id FROM pgqueue_job_dependency WHERE job_id = %(id)s
+     ORDER BY upstream_id LIMIT %(limit)s) u
+UNION ALL
+SELECT 'dependent', job_id FROM (
+    SELECT job_id FROM pgqueue_job_dependency WHERE upstream_id = %(id)s
+     ORDER BY job_id LIMIT %(limit)s) d
 """

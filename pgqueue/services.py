@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from django.db import connections, transaction
 
-from . import stop_store, store
+from . import stop_store, store, workflow_store, workflows
 from .conf import pgqueue_settings, queue_db
 from .exceptions import (
     InvalidJob,
@@ -45,10 +45,11 @@ from .job_options import (  # noqa: F401  (what the entry points import from her
     validate_weight,
 )
 from .key_models import KeyState
-from .models import Job, Status
+from .models import LIVE_STATUSES, Job, Status
+from .models import Workflow as WorkflowRow
 from .registry import RegisteredTask
 
-CANCELLABLE = "scheduled, queued or running"
+CANCELLABLE = "waiting, scheduled, queued or running"
 
 
 class Enqueued(NamedTuple):
@@ -89,6 +90,8 @@ def enqueue(
     timeout: float | dt.timedelta | None = None,
     concurrency_key: KeyRule = None,
     key_max_running: int | None = None,
+    depends_on: Iterable[int | Job] | None = None,
+    on_upstream_failure: str = "cancel",
     using: str | None = None,
 ) -> Enqueued:
     """Enqueue one job in the current transaction of ``using``.
@@ -96,6 +99,9 @@ def enqueue(
     A rollback of the surrounding transaction leaves no job, charges the tenant no
     virtual time and wakes no worker (the notification is delivered on commit only).
     With an idempotency key already used by the tenant, returns that job and False.
+    With ``depends_on`` (jobs of the tenant, or their ids) it waits until they have
+    ended (``pgqueue.workflows``): cancelled if one ends dead or cancelled, unless
+    ``on_upstream_failure="run"``.
     """
     opts = resolve_options(
         task,
@@ -112,6 +118,11 @@ def enqueue(
     )
     payloads_json = f"[{encode_payload(payload)}]"
     keys = opts.keys([payload])
+    deps = workflows.dependency_ids(depends_on)
+    if deps:
+        return _enqueue_waiting(
+            opts, payload, payloads_json, keys, deps, on_upstream_failure, using
+        )
     if opts.idempotency_key is None:
         with connections[queue_db(using)].cursor() as cursor:
             (new,), _ = _insert(cursor, opts, payloads_json, 1, keys)
@@ -150,12 +161,15 @@ def enqueue_many(
     timeout: float | dt.timedelta | None = None,
     concurrency_key: KeyRule = None,
     key_max_running: int | None = None,
+    depends_on: Iterable[int | Job] | None = None,
+    on_upstream_failure: str = "cancel",
     using: str | None = None,
 ) -> list[int]:
     """Enqueue one job per payload, in order, and return their ids.
 
     Each chunk of up to 1,000 jobs is one statement; all chunks share one transaction, so
     either every job is enqueued or none is. The tenant's jobs keep the payloads' order.
+    ``depends_on``: every job waits for those jobs, as in ``enqueue``.
     """
     if isinstance(payloads, str | bytes | dict):
         raise InvalidJob("payloads", "must be a list of payloads")
@@ -176,14 +190,66 @@ def enqueue_many(
     if not encoded:
         return []
     keys = opts.keys(payloads)
+    deps = workflows.dependency_ids(depends_on)
+    run_anyway = _run_anyway(on_upstream_failure)
     ids: list[int] = []
-    with transaction.atomic(using=queue_db(using)), connections[queue_db(using)].cursor() as cursor:
+    db = queue_db(using)
+    with transaction.atomic(using=db), connections[db].cursor() as cursor:
+        workflows.check_dependencies(cursor, deps, opts.tenant)
         for start in range(0, len(encoded), MAX_BATCH):
             chunk = encoded[start : start + MAX_BATCH]
             chunk_keys = None if keys is None else keys[start : start + MAX_BATCH]
-            inserted, _ = _insert(cursor, opts, f"[{','.join(chunk)}]", len(chunk), chunk_keys)
+            inserted, _ = _insert(
+                cursor,
+                opts,
+                f"[{','.join(chunk)}]",
+                len(chunk),
+                chunk_keys,
+                waiting=bool(deps),
+                run_anyway=run_anyway,
+            )
             ids.extend(new.id for new in inserted)
+        if deps:
+            workflow_store.insert_dependencies(cursor, [(i, u) for i in ids for u in deps])
+            transaction.on_commit(partial(workflows.settle_after_commit, db, ids=ids), using=db)
     return ids
+
+
+def _run_anyway(on_upstream_failure: Any) -> bool:
+    if on_upstream_failure not in workflows.ON_UPSTREAM_FAILURE:
+        raise InvalidJob("on_upstream_failure", "must be 'cancel' or 'run'")
+    return on_upstream_failure == "run"
+
+
+def _enqueue_waiting(
+    opts: JobOptions,
+    payload: Any,
+    payloads_json: str,
+    keys: list[str | None] | None,
+    deps: list[int],
+    on_upstream_failure: str,
+    using: str | None,
+) -> Enqueued:
+    """``enqueue`` of a job with dependencies: inserted waiting with its edges, settled
+    once the caller's transaction commits (it may run at once if they have all ended)."""
+    run_anyway = _run_anyway(on_upstream_failure)
+    db = queue_db(using)
+    with transaction.atomic(using=db), connections[db].cursor() as cursor:
+        workflows.check_dependencies(cursor, deps, opts.tenant)
+        inserted, _ = _insert(
+            cursor, opts, payloads_json, 1, keys, waiting=True, run_anyway=run_anyway
+        )
+        if inserted:
+            new = inserted[0].id
+            workflow_store.insert_dependencies(cursor, [(new, u) for u in deps])
+            transaction.on_commit(partial(workflows.settle_after_commit, db, ids=[new]), using=db)
+            job = _job(inserted[0], opts, payload, using, keys)
+            job.status, job.run_on_upstream_failure = Status.WAITING, run_anyway
+            return Enqueued(job, True)
+    existing = Job.objects.using(db).get(
+        tenant_id=opts.tenant, idempotency_key=opts.idempotency_key
+    )
+    return Enqueued(existing, False)
 
 
 def _insert(
@@ -192,6 +258,9 @@ def _insert(
     payloads_json: str,
     count: int,
     keys: list[str | None] | None = None,
+    *,
+    waiting: bool = False,
+    run_anyway: bool = False,
 ) -> tuple[list[store.NewJob], bool]:
     return store.enqueue(
         cursor,
@@ -208,6 +277,8 @@ def _insert(
         max_queues=pgqueue_settings.MAX_QUEUES_PER_TENANT,
         keys=keys,
         key_max_running=opts.key_max_running,
+        waiting=waiting,
+        run_anyway=run_anyway,
     )
 
 
@@ -270,10 +341,23 @@ def _bulk(
 
 
 def cancel_jobs(ids: Sequence[int], *, using: str | None = None) -> BulkResult:
-    """Cancel scheduled or queued jobs at once; ask running ones to stop (``requested``:
-    their worker ends them 'cancelled', see ``pgqueue.stop_store``). Finished are skipped."""
+    """Cancel waiting, scheduled or queued jobs at once; ask running ones to stop
+    (``requested``: their worker ends them 'cancelled', see ``pgqueue.stop_store``).
+    Finished are skipped. Their dependents are settled once this commits: cancelled too,
+    unless they run anyway (``pgqueue.workflows``)."""
     asked: list[int] = []
-    result = _bulk(ids, using, "cancelled", CANCELLABLE, partial(stop_store.cancel, asked=asked))
+    db = queue_db(using)
+
+    def change(cursor: Any, ids: list[int]) -> list[int]:
+        changed = stop_store.cancel(cursor, ids, asked=asked)
+        ended = sorted(set(changed) - set(asked))
+        if ended:  # their dependents are cancelled too, or run anyway
+            transaction.on_commit(
+                partial(workflows.settle_after_commit, db, upstreams=ended), using=db
+            )
+        return changed
+
+    result = _bulk(ids, using, "cancelled", CANCELLABLE, change)
     result.requested, result.changed = sorted(asked), sorted(set(result.changed) - set(asked))
     return result
 
@@ -282,14 +366,27 @@ def retry_jobs(ids: Sequence[int], *, using: str | None = None) -> BulkResult:
     """Send dead or cancelled jobs back to run: attempts restart from 0, history is kept.
 
     A job whose run_at is still ahead waits in scheduled; the others are queued now with a
-    fresh fair vtime.
+    fresh fair vtime. A job with dependencies waits for them again (it runs once they are
+    done, and is cancelled again if one is still dead or cancelled), and the dependents the
+    end of a retried job cancelled wait for it again (``pgqueue.workflows``).
     """
+
+    db = queue_db(using)
 
     def change(cursor: Any, ids: list[int]) -> list[int]:
         retried = store.retry_many(cursor, ids)
-        due = [job_id for job_id, is_due in retried if is_due]
+        # One with dependencies waits for them again; the dependents the end of those
+        # retried cancelled wait again too. Both are settled once this commits.
+        waiting = set(workflow_store.wait_again(cursor, [job_id for job_id, _ in retried]))
+        due = [job_id for job_id, is_due in retried if is_due and job_id not in waiting]
         if due:
             store.promote_ids(cursor, due)
+        resumed = workflow_store.resume(cursor, [job_id for job_id, _ in retried])
+        if waiting or resumed:
+            transaction.on_commit(
+                partial(workflows.settle_after_commit, db, ids=sorted(waiting | set(resumed))),
+                using=db,
+            )
         return [job_id for job_id, _ in retried]
 
     return _bulk(ids, using, "retried", "dead or cancelled", change)
@@ -330,6 +427,27 @@ def cancel_or_ask(job_id: int, *, using: str | None = None) -> tuple[Job, bool]:
     result = cancel_jobs([job_id], using=using)
     job = _single(result, job_id, "cancelled", CANCELLABLE, using)
     return job, int(job_id) in result.requested
+
+
+def cancel_workflow(
+    workflow_id: int, *, tenant: str | None = None, using: str | None = None
+) -> BulkResult:
+    """Cancel every unfinished job of a workflow (running ones are asked to stop, as
+    ``cancel_jobs`` does). ``tenant``: the workflow must be that tenant's, else
+    JobNotFound, as for a workflow that does not exist."""
+    db = queue_db(using)
+    workflow = WorkflowRow.objects.using(db).filter(pk=workflow_id)
+    if tenant is not None:
+        workflow = workflow.filter(tenant_id=tenant)
+    if not workflow.exists():
+        raise JobNotFound(f"workflow {workflow_id} does not exist")
+    live = list(
+        Job.objects.using(db)
+        .filter(workflow_id=workflow_id, status__in=LIVE_STATUSES)
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    return cancel_jobs(live, using=using)
 
 
 def check_queue_bound(tenant: str, queue: str, *, using: str | None = None) -> None:

@@ -76,6 +76,10 @@ def enqueue(
     max_queues: int | None = None,
     keys: Sequence[str | None] | None = None,
     key_max_running: int = 1,
+    waiting: bool = False,
+    workflow: int | None = None,
+    steps: Sequence[str | None] | None = None,
+    run_anyway: bool = False,
 ) -> tuple[list[NewJob], bool]:
     """Insert ``count`` jobs whose payloads are the JSON array ``payloads_json``.
 
@@ -90,7 +94,11 @@ def enqueue(
     tenant and the tenant has clocks in ``max_queues`` queues already (None: no bound).
     ``keys``: each job's concurrency key (None: none has one), capped at
     ``key_max_running``; such a job waits for KEY_SETTLE to admit it.
+    ``waiting``: the jobs wait for their dependencies (status 'waiting', run_at ``run_at``
+    or now; pgqueue.workflows), in ``workflow`` under the names ``steps``, and run even
+    when a dependency fails if ``run_anyway``. The caller inserts their dependencies.
     """
+
     params = {
         "task": task,
         "tenant": tenant,
@@ -107,8 +115,12 @@ def enqueue(
         "key_max": key_max_running,
         "fifo": fifo_param(),
         "channel": pgqueue_settings.NOTIFY_CHANNEL,
+        "status": "waiting" if waiting else "scheduled",
+        "workflow": workflow,
+        "steps": None if steps is None else list(steps),
+        "run_anyway": run_anyway,
     }
-    if run_at is None:
+    if run_at is None and not waiting:
         known = statement(sql.JOB_ENQUEUE, sql.JOB_ENQUEUE_BY_TIME, params)
         first = statement(sql.JOB_ENQUEUE_FIRST, sql.JOB_ENQUEUE_FIRST_BY_TIME, params)
     else:
@@ -117,7 +129,7 @@ def enqueue(
         rows, state = _enqueue_rows(cursor, known, params)
         # No clock of the tenant at the level (JOB_ENQUEUE: no row), or in the queue
         # (JOB_ENQUEUE_SCHEDULED: 'first'; no row there is a taken key).
-        if state != "first" and (rows or state or run_at is not None):
+        if state != "first" and (rows or state or run_at is not None or waiting):
             break
         rows, state = _enqueue_rows(cursor, first, params)
         if state not in ("known", "raced"):
@@ -164,15 +176,21 @@ def complete_many(
     worker: str,
     results: Sequence[Sequence[Any]],
     now: dt.datetime | None = None,
+    awaited: set[int] | None = None,
 ) -> set[int]:
     """Record successes: a ``Success``, or ``(job id, attempt, result as JSON text or
     None)``, each.
 
-    Returns the ids recorded; the others had lost their lease (fenced out).
+    Returns the ids recorded; the others had lost their lease (fenced out). Adds to
+    ``awaited`` those a job waits for: their dependents are to be settled after the commit
+    (``workflow_store.settle_after``).
     """
     params = {"worker": worker, "now": now, **_complete_params(results)}
     cursor.execute(sql.JOB_COMPLETE_MANY, params)
-    return set(_ids(cursor.fetchall()))
+    rows = cursor.fetchall()
+    if awaited is not None:
+        awaited.update(row[0] for row in rows if row[1])
+    return set(_ids(rows))
 
 
 def fail_many(

@@ -32,7 +32,7 @@ from django.db import connections, transaction
 from django.db.models import QuerySet
 from psycopg.pq import TransactionStatus
 
-from . import claim_store, key_store, services, store
+from . import claim_store, key_store, services, store, workflow_store
 from .conf import pgqueue_settings, queue_db
 from .models import Job
 from .queries import load
@@ -349,8 +349,22 @@ class JobRunner:
             moved = [row[0] for row in rows if not row[1]]
             if moved:
                 services.run_jobs_now(moved, using=self.alias)
+            self._settle_waiting(cur, batch)  # first: a step it makes runnable may be keyed
             while key_store.settle(cur, admit=admit) >= admit:
                 pass  # a whole batch examined: more new keyed jobs may wait
+
+    def _settle_waiting(self, cur: Any, batch: int) -> None:
+        """Settle every waiting job (pgqueue.workflows), as a worker does after the commit
+        that ended a dependency: in a test's transaction nothing commits, so each round
+        looks at them all, again until a pass settles none (a cancellation cascades a
+        level a pass)."""
+        while True:
+            settled, after = False, 0
+            while page := workflow_store.waiting_page(cur, after=after, limit=batch):
+                settled = bool(workflow_store.settle(cur, ids=page)) or settled
+                after = page[-1]
+            if not settled:
+                return
 
     def _claim(self) -> claim_store.ClaimedJob | None:
         """The next job a worker of the matching queues would claim, of the tasks and

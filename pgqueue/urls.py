@@ -2,8 +2,8 @@
 or ``""`` for the site's root).
 
 Every path answers with and without a trailing slash. An unknown path under one of
-pgqueue's resources (``jobs/abc``, ``tenants/x/y``) is a JSON 404; the rest of the site
-keeps the project's own pages, even when pgqueue is mounted at the root.
+pgqueue's resources (``jobs/abc``, ``workflows/x``, ``tenants/x/y``) is a JSON 404; the
+rest of the site keeps the project's own pages, even when pgqueue is mounted at the root.
 
 The API needs the ``api`` extra (Django REST framework, drf-spectacular and its sidecar);
 the rest of pgqueue does not, so a project without them that includes this URLconf gets
@@ -48,7 +48,7 @@ _missing_apps = [a for a in ("rest_framework", "drf_spectacular") if not apps.is
 if _missing_apps:
     raise ImproperlyConfigured(MISSING_API_APPS.format(missing=" and ".join(_missing_apps)))
 
-from .api import docs, errors, limits_views, meta_views, views  # noqa: E402
+from .api import docs, errors, limits_views, meta_views, views, workflow_views  # noqa: E402
 
 app_name = "pgqueue"
 
@@ -76,6 +76,12 @@ urlpatterns = [
     _path("jobs/batch", views.JobBatchView.as_view(), "jobs-batch"),
     _path(r"jobs/(?P<job_id>[0-9]{1,18})", views.JobView.as_view(), "job"),
     _path(r"jobs/(?P<job_id>[0-9]{1,18})/retry", views.JobRetryView.as_view(), "job-retry"),
+    _path("workflows", workflow_views.WorkflowsView.as_view(), "workflows"),
+    _path(
+        r"workflows/(?P<workflow_id>[0-9]{1,18})",
+        workflow_views.WorkflowView.as_view(),
+        "workflow",
+    ),
     _path("tenants", views.TenantsView.as_view(), "tenants"),
     _path(r"tenants/(?P<name>[A-Za-z0-9_.\-]{1,64})", views.TenantView.as_view(), "tenant"),
     _path(
@@ -112,7 +118,7 @@ urlpatterns = [
     re_path(r"^docs/assets/(?P<name>[A-Za-z0-9_.\-]+)$", _page(docs.asset), name="docs-asset"),
     # Last: anything else under pgqueue's own first path segments.
     re_path(
-        r"^(?:jobs|tenants|queues|stats|metrics|health|schema|docs)(?:/.*)?$",
+        r"^(?:jobs|workflows|tenants|queues|stats|metrics|health|schema|docs)(?:/.*)?$",
         _page(errors.not_found),
         name="not-found",
     ),

@@ -40,6 +40,8 @@ JOB_FIELDS = {
     "cancel_requested_at",
     "concurrency_key",
     "key_max_running",
+    "workflow",
+    "step",
 }
 
 #: The fields every entry of a job's history has.

@@ -405,7 +405,7 @@ class TestActions:
         assert any(m.startswith("Asked 1 running job(s) to stop") for _, m in msgs)
         (warning,) = [m for level, m in msgs if level == "warning"]
         assert warning.startswith("Skipped 2 job(s) (1 dead, 1 done), e.g. job ")
-        assert warning.endswith("only scheduled, queued or running jobs can be cancelled.")
+        assert warning.endswith("only waiting, scheduled, queued or running jobs can be cancelled.")
         assert statuses([scheduled, queued]) == ["cancelled", "cancelled"]
         assert statuses(others) == ["running", "done", "dead"]  # running: asked to stop
 

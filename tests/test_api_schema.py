@@ -28,6 +28,10 @@ OPERATIONS = {
     ("get", "/jobs/{job_id}"),
     ("delete", "/jobs/{job_id}"),
     ("post", "/jobs/{job_id}/retry"),
+    ("post", "/workflows"),
+    ("get", "/workflows"),
+    ("get", "/workflows/{workflow_id}"),
+    ("delete", "/workflows/{workflow_id}"),
     ("get", "/tenants"),
     ("get", "/tenants/{name}"),
     ("put", "/tenants/{name}"),
@@ -257,7 +261,8 @@ def test_each_get_documents_exactly_the_query_parameters_it_accepts():
     for path, item in schema["paths"].items():
         if "get" not in item or path.rstrip("/") in {"/schema", "/docs"}:
             continue
-        concrete = path.replace("{job_id}", "1").replace("{name}", "acme")
+        concrete = path.replace("{job_id}", "1").replace("{workflow_id}", "1")
+        concrete = concrete.replace("{name}", "acme")
         view = resolve(concrete).func.view_class
         documented = {p["name"] for p in item["get"].get("parameters", []) if p["in"] == "query"}
         assert documented == set(view.query_params), path

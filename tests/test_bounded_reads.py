@@ -374,6 +374,6 @@ def test_no_request_scans_the_job_tables(api, admin_client):
         assert page["count_is_estimate"] is True and page["count"] > 900_000
     finally:
         with connection.cursor() as cur:  # ANALYZE's figures outlive the test's rollback
-            cur.execute("TRUNCATE pgqueue_job_attempt, pgqueue_job")
+            cur.execute("TRUNCATE pgqueue_job_attempt, pgqueue_job_dependency, pgqueue_job")
             cur.execute("ANALYZE pgqueue_job")
             cur.execute("ANALYZE pgqueue_job_attempt")

@@ -50,7 +50,7 @@ pytestmark = pytest.mark.django_db
 #: The operators' subcommands (``worker`` is tested with runworker).
 OPERATOR_COMMANDS = ["jobs", "show", "retry", "cancel", "run-now", "tenants", "weight",
                      "queues", "limits", "pause", "resume", "workers", "stats", "periodic",
-                     "periodic-enable", "periodic-disable"]  # fmt: skip
+                     "periodic-enable", "periodic-disable", "workflows"]  # fmt: skip
 #: The subcommands that print text only, and the older command names they also answer to.
 ALIASED = {"apikey": "pgqueue_apikey", "prune": "pgqueue_prune"}
 #: A database nothing listens on: the connection is refused at once.
@@ -118,7 +118,7 @@ def test_the_commands_read_through_reads_and_write_through_services():
     """Like the admin, they never write a row themselves: no statement of their own."""
     for module in ["pgqueue.cli", "pgqueue.cli.base", "pgqueue.cli.output", "pgqueue.cli.jobs",
                    "pgqueue.cli.tenants", "pgqueue.cli.limits",
-                   "pgqueue.cli.overview"]:  # fmt: skip
+                   "pgqueue.cli.overview", "pgqueue.cli.workflows"]:  # fmt: skip
         imported = pgqueue_imports(module)
         assert not imported & {"pgqueue.sql", "pgqueue.store", "pgqueue.read_sql"}, module
 
@@ -482,8 +482,8 @@ def test_stats_is_get_stats():
     code, out, _ = pgq("stats")
     assert code == 0
     header = out.splitlines()[0]
-    assert columns(header) == ["QUEUE", "SCHEDULED", "QUEUED", "RUNNING", "DONE", "DEAD",
-                               "CANCELLED"]  # fmt: skip
+    assert columns(header) == ["QUEUE", "WAITING", "SCHEDULED", "QUEUED", "RUNNING", "DONE",
+                               "DEAD", "CANCELLED"]  # fmt: skip
     assert "dead jobs:           1" in out
 
 

@@ -108,8 +108,9 @@ def staff_client(staff: User) -> Client:
 @pytest.mark.django_db
 class TestData:
     def test_counts_jobs_by_status_overall_and_by_queue(self):
-        pgqueue.enqueue_many("test.noop", [{}] * 3, tenant="acme")  # queued
+        queued = pgqueue.enqueue_many("test.noop", [{}] * 3, tenant="acme")  # queued
         pgqueue.enqueue_many("test.noop", [{}] * 2, tenant="acme", delay=3600)  # scheduled
+        pgqueue.enqueue("test.noop", tenant="acme", depends_on=queued[:1])  # waiting
         run("test.noop")  # done
         run("test.noop", outcome="dead")
         cancelled, _ = pgqueue.enqueue("test.noop", tenant="acme")
@@ -120,6 +121,7 @@ class TestData:
         d = dashboard_data()
 
         assert d["statuses"] == {
+            "waiting": 1,
             "scheduled": 2,
             "queued": 3,
             "running": 1,
@@ -127,7 +129,7 @@ class TestData:
             "dead": 1,
             "cancelled": 1,
         }
-        assert d["total_jobs"] == 9
+        assert d["total_jobs"] == 10
         queues = {q["queue"]: q["counts"] for q in d["queues"]}
         assert set(queues) == {"default", "limited", "work"}
         assert queues["limited"]["running"] == 1

@@ -282,6 +282,8 @@ ENQUEUE_OPTIONS = [
     "timeout",
     "concurrency_key",
     "key_max_running",
+    "depends_on",
+    "on_upstream_failure",
     "using",
 ]
 

@@ -1,4 +1,5 @@
-"""The Django admin for pgqueue: jobs, tenants, queues, workers, API keys and the dashboard.
+"""The Django admin for pgqueue: jobs, workflows, tenants, queues, workers, API keys and the
+dashboard.
 
 Every state change goes through the service layer (actions and saves call
 ``pgqueue.services``); nothing here writes job rows itself. List pages stay fast on large
@@ -19,5 +20,14 @@ from .periodic import PeriodicScheduleAdmin  # noqa: F401  (registers the schedu
 from .queues import QueueAdmin
 from .tenants import TenantAdmin
 from .workers import WorkerAdmin
+from .workflows import WorkflowAdmin
 
-__all__ = ["ApiKeyAdmin", "DashboardAdmin", "JobAdmin", "QueueAdmin", "TenantAdmin", "WorkerAdmin"]
+__all__ = [
+    "ApiKeyAdmin",
+    "DashboardAdmin",
+    "JobAdmin",
+    "QueueAdmin",
+    "TenantAdmin",
+    "WorkerAdmin",
+    "WorkflowAdmin",
+]

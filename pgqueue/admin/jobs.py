@@ -1,6 +1,7 @@
-"""The job list and a job's page: filters, the attempt history, and the actions (retry,
-cancel, run now) that call the service layer, on the list for the selected jobs and on a
-job's page as buttons for that job."""
+"""The job list and a job's page: filters, the attempt history, the job's workflow and
+the jobs it waits for or that wait for it, and the actions (retry, cancel, run now) that
+call the service layer, on the list for the selected jobs and on a job's page as buttons
+for that job."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
-from .. import liveness, pages, services
+from .. import liveness, pages, services, workflow_reads
 from ..conf import queue_db
 from ..durations import format_seconds
 from ..key_models import KeyState
 from ..limit_reads import waiting_for
-from ..models import FairClock, Job, JobAttempt, Status, Tenant
+from ..models import LIVE_STATUSES, FairClock, Job, JobAttempt, Status, Tenant, Workflow
 from ..registry import registered_tasks
 from .common import (
     ColumnFilter,
@@ -31,8 +32,9 @@ from .common import (
     timestamp,
 )
 
-#: The statuses of jobs waiting to run, which a task no worker serves keeps waiting.
-WAITING = (Status.SCHEDULED, Status.QUEUED)
+#: The statuses of jobs due to run (now or at their run_at), which a task no worker serves
+#: keeps waiting. (A job in status "waiting" waits for its dependencies first.)
+PENDING = (Status.SCHEDULED, Status.QUEUED)
 
 #: What the job page says of each ``waiting_for`` reason.
 WAITING_REASONS = {
@@ -47,6 +49,7 @@ WAITING_REASONS = {
 }
 
 STATUS_COLOURS = {
+    Status.WAITING: "#6f42c1",
     Status.SCHEDULED: "#6c757d",
     Status.QUEUED: "#0d6efd",
     Status.RUNNING: "#fd7e14",
@@ -54,6 +57,16 @@ STATUS_COLOURS = {
     Status.DEAD: "#dc3545",
     Status.CANCELLED: "#495057",
 }
+
+
+def status_badge_html(status: str) -> str:
+    """A status as the job list shows it: a pill in the status's colour."""
+    return format_html(
+        '<span style="background:{};color:#fff;padding:2px 8px;border-radius:10px;'
+        'font-size:11px;font-weight:600">{}</span>',
+        STATUS_COLOURS.get(status, "#333"),
+        status,
+    )
 
 
 @dataclass(frozen=True)
@@ -79,7 +92,7 @@ JOB_ACTIONS = [
         "cancel",
         "Cancel",
         "Cancelled",
-        (Status.SCHEDULED, Status.QUEUED, Status.RUNNING),
+        (Status.WAITING, Status.SCHEDULED, Status.QUEUED, Status.RUNNING),
         services.cancel_jobs,
     ),
     JobAction(
@@ -230,6 +243,18 @@ class JobAdmin(admin.ModelAdmin):
             },
         ),
         ("Data", {"fields": ["payload_pretty", "result_pretty", "last_error"]}),
+        (
+            "Workflow",
+            {
+                "fields": [
+                    "workflow_link",
+                    "step",
+                    "depends_on_links",
+                    "dependents_links",
+                    "upstream_failure",
+                ]
+            },
+        ),
         ("Concurrency key", {"fields": ["concurrency_key", "key_max_running", "key_slot"]}),
         (
             "Attempts and timing",
@@ -352,7 +377,7 @@ class JobAdmin(admin.ModelAdmin):
         one read for the page's tasks (``liveness.unserved_tasks``), not one per row."""
         changelist = super().get_changelist_instance(request)
         jobs = list(changelist.result_list)
-        unserved = liveness.unserved_tasks(j.task for j in jobs if j.status in WAITING)
+        unserved = liveness.unserved_tasks(j.task for j in jobs if j.status in PENDING)
         for job in jobs:
             job.pgq_unserved = job.task in unserved
         return changelist
@@ -361,7 +386,7 @@ class JobAdmin(admin.ModelAdmin):
     def task_served(self, obj: Job) -> str:
         """The task, and for a job waiting to run, "no worker serves this task" when no
         live worker has a handler for it: it waits however long the backlog looks."""
-        if obj.status not in WAITING:
+        if obj.status not in PENDING:
             return obj.task
         unserved = getattr(obj, "pgq_unserved", None)
         if unserved is None:  # the job's page: this job alone
@@ -380,8 +405,12 @@ class JobAdmin(admin.ModelAdmin):
     def waiting(self, obj: Job) -> str:
         """Why a queued or scheduled job is not running yet (``limit_reads.waiting_for``, as
         GET /jobs/<id> says): a few reads of this job's limit rows, and its place in line
-        counted up to COUNT_CAP."""
-        if obj.status not in WAITING:
+        counted up to COUNT_CAP. A waiting job waits for its dependencies to end."""
+        if obj.status == Status.WAITING:
+            upstream = self._neighbours(obj)["upstream"]
+            unfinished = sum(1 for _, status, _ in upstream if status in LIVE_STATUSES)
+            return f"dependencies: {unfinished} of {len(upstream)} listed below not ended yet"
+        if obj.status not in PENDING:
             return "—"
         why = waiting_for(obj, using=obj._state.db or "default")
         reason = WAITING_REASONS.get(why["waiting_for"], why["waiting_for"] or "—")
@@ -389,18 +418,112 @@ class JobAdmin(admin.ModelAdmin):
             return f"{reason} ({why['position']} job(s) ahead of it)"
         return reason
 
+    # -- the job's workflow and dependencies ------------------------------------------------
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple[Any, dict]]:
+        """The page's sections; "Workflow" only for a job of a workflow or one that waits
+        for others or is waited for (``enqueue(depends_on=…)``)."""
+        fieldsets = super().get_fieldsets(request, obj)
+        neighbours = self._neighbours(obj) if obj is not None else None
+        if neighbours is None or (
+            obj.workflow_id is None and not neighbours["upstream"] and not neighbours["dependents"]
+        ):
+            return [f for f in fieldsets if f[0] != "Workflow"]
+        return fieldsets
+
+    def _neighbours(self, obj: Job) -> dict[str, list[tuple[int, str, str | None]]]:
+        """The job's dependencies and dependents, (id, status, step) each, at most
+        ``workflow_reads.MAX_NEIGHBOURS_SHOWN`` of each: read once per page (two bounded
+        reads: their ids, then their rows by primary key) and kept on the job."""
+        cached = getattr(obj, "_pgq_neighbours", None)
+        if cached is not None:
+            return cached
+        db = obj._state.db or queue_db()
+        ids = workflow_reads.neighbours(obj.pk, using=db)
+        wanted = ids["depends_on"] + ids["dependents"]
+        rows = {
+            pk: (pk, status, step)
+            for pk, status, step in Job.objects.using(db)
+            .filter(pk__in=wanted)
+            .values_list("id", "status", "step")
+        }
+        found = {
+            "upstream": [rows[i] for i in ids["depends_on"] if i in rows],
+            "dependents": [rows[i] for i in ids["dependents"] if i in rows],
+        }
+        obj._pgq_neighbours = found  # type: ignore[attr-defined]
+        return found
+
+    @staticmethod
+    def _job_links(jobs: list[tuple[int, str, str | None]]) -> str:
+        if not jobs:
+            return "—"
+        links = format_html_join(
+            "",
+            '<li><a href="{}">job {}</a>{} {}</li>',
+            (
+                (
+                    reverse("admin:pgqueue_job_change", args=[pk]),
+                    pk,
+                    f" ({step})" if step else "",
+                    status_badge_html(status),
+                )
+                for pk, status, step in jobs
+            ),
+        )
+        more, bound = "", workflow_reads.MAX_NEIGHBOURS_SHOWN
+        if len(jobs) >= bound:
+            more = format_html('<li class="pgq-more">(at most the first {} are listed)</li>', bound)
+        return format_html(
+            '<ul class="pgq-neighbours" style="margin:0;padding-left:1.2em">{}{}</ul>', links, more
+        )
+
+    @admin.display(description="workflow")
+    def workflow_link(self, obj: Job) -> str:
+        if obj.workflow_id is None:
+            return "—"
+        db = obj._state.db or queue_db()
+        name = Workflow.objects.using(db).filter(pk=obj.workflow_id).values_list("name").first()
+        name = name[0] if name else ""
+        url = reverse("admin:pgqueue_workflow_change", args=[obj.workflow_id])
+        label = f" ({name})" if name else ""
+        return format_html('<a href="{}">workflow {}</a>{}', url, obj.workflow_id, label)
+
+    @admin.display(description="depends on")
+    def depends_on_links(self, obj: Job) -> str:
+        """The jobs this one waits for: it runs once each has ended."""
+        return self._job_links(self._neighbours(obj)["upstream"])
+
+    @admin.display(description="dependents")
+    def dependents_links(self, obj: Job) -> str:
+        """The jobs that wait for this one."""
+        return self._job_links(self._neighbours(obj)["dependents"])
+
+    @admin.display(description="if a dependency fails")
+    def upstream_failure(self, obj: Job) -> str:
+        """What the job does when a dependency ends dead or cancelled, and which one
+        cancelled it, if one did."""
+        if obj.run_on_upstream_failure:
+            text = "run: it runs however its dependencies end"
+        else:
+            text = "cancel: it is cancelled when a dependency ends dead or cancelled"
+        if obj.failed_upstream_id is None:
+            return text
+        url = reverse("admin:pgqueue_job_change", args=[obj.failed_upstream_id])
+        return format_html(
+            '{}<br>Cancelled because <a href="{}">job {}</a> ended without success.',
+            text,
+            url,
+            obj.failed_upstream_id,
+        )
+
     @admin.display(description="tenant", ordering="tenant_id")
     def tenant_name(self, obj: Job) -> str:
         return obj.tenant_id
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: Job) -> str:
-        return format_html(
-            '<span style="background:{};color:#fff;padding:2px 8px;border-radius:10px;'
-            'font-size:11px;font-weight:600">{}</span>',
-            STATUS_COLOURS.get(obj.status, "#333"),
-            obj.status,
-        )
+        return status_badge_html(obj.status)
 
     @admin.display(description="attempts")
     def tries(self, obj: Job) -> str:

@@ -164,6 +164,8 @@ SESSION_PERMISSIONS: dict[str, dict[str, str]] = {
     "job-retry": {"POST": "pgqueue.change_job"},
     "tenants": {"GET": "pgqueue.view_tenant"},
     "tenant": {"GET": "pgqueue.view_tenant", "PUT": "pgqueue.change_tenant"},
+    "workflows": {"GET": "pgqueue.view_job", "POST": "pgqueue.add_job"},
+    "workflow": {"GET": "pgqueue.view_job", "DELETE": "pgqueue.change_job"},
     "stats": {"GET": "pgqueue.view_job"},
     "metrics": {"GET": "pgqueue.view_job"},
 }

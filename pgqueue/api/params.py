@@ -27,6 +27,8 @@ from ..conf import pgqueue_settings, queue_db
 from ..exceptions import InvalidJob, UnknownTask
 from ..models import Job
 from ..registry import get_task
+from ..services import validate_name
+from ..workflows import ON_UPSTREAM_FAILURE
 from .auth import (
     Scope,
     scope_of,
@@ -200,6 +202,87 @@ def _check_scope(scope: Scope, data: dict[str, Any]) -> None:
         queue or registered.queue or pgqueue_settings.DEFAULT_QUEUE,
         priority if priority is not None else (registered.priority or 0),
     )
+
+
+#: The largest id a job (or workflow) can have: a bigint. A larger number names nothing,
+#: and is refused before it reaches PostgreSQL, which would refuse it as out of range.
+MAX_ID = 2**63 - 1
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_ID
+
+
+def _depends_on(data: dict[str, Any], field: str = "depends_on") -> list[int] | None:
+    """The job ids a job waits for, checked for shape and number (MAX_DEPENDENCIES) before
+    anything is read; whose jobs they are is ``_check_dependencies``'."""
+    value = data.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(_is_id(d) for d in value):
+        raise bad_field(field, "must be a list of job ids")
+    _dependency_bound(field, value)
+    return value
+
+
+def _dependency_bound(field: str, value: list[Any]) -> None:
+    bound = int(pgqueue_settings.MAX_DEPENDENCIES)
+    if len(value) > bound:
+        raise bad_field(
+            field,
+            f"has {len(value)} dependencies, more than {bound} (PGQUEUE['MAX_DEPENDENCIES'])",
+        )
+
+
+def _on_upstream_failure(data: dict[str, Any], field: str = "on_upstream_failure") -> str:
+    value = data.get(field)
+    if value is None:
+        return "cancel"
+    if value not in ON_UPSTREAM_FAILURE:
+        raise bad_field(field, "must be 'cancel' or 'run'")
+    return value
+
+
+def _check_dependencies(scope: Scope, tenant: str | None, named: dict[str, list[int]]) -> None:
+    """Refuse (400 naming the field) job ids that name no job of ``tenant`` this key could
+    read one by one (``Scope.sees``), in the service layer's words for a missing job, so
+    that an id reveals nothing. The service layer checks the tenant again, under lock; this
+    also holds a key narrowed to some tasks, queues or priorities to the jobs it may read
+    (a dependent would otherwise tell it how they ended)."""
+    ids = {i for wanted in named.values() for i in wanted}
+    if not ids:
+        return
+    # An invalid tenant is named as such, not as a dependency it could not own.
+    tenant = validate_name(pgqueue_settings.DEFAULT_TENANT if tenant is None else tenant, "tenant")
+    found = {
+        job.pk: job
+        for job in Job.objects.using(queue_db())
+        .filter(pk__in=ids)
+        .only("id", "tenant", "queue", "task", "priority")
+    }
+    for field, wanted in named.items():
+        unknown = [
+            i
+            for i in dict.fromkeys(wanted)
+            if i not in found or found[i].tenant_id != tenant or not scope.sees(found[i])
+        ]
+        if unknown:
+            shown = ", ".join(map(str, unknown[:10])) + (", ..." if len(unknown) > 10 else "")
+            raise bad_field(field, f"no job {shown} of tenant {tenant!r}")
+
+
+@contextmanager
+def _field_prefix(prefix: str) -> Iterator[None]:
+    """The 400s and 403s of the helpers above, their fields named inside ``prefix``: a
+    workflow's ``jobs[2]`` with ``queue`` at fault is ``jobs[2].queue``."""
+    try:
+        yield
+    except ApiError as exc:
+        if not exc.fields:
+            raise
+        fields = {f"{prefix}.{name}": reason for name, reason in exc.fields.items()}
+        first, reason = next(iter(fields.items()))
+        raise ApiError(exc.status_code, exc.error_code, f"{first}: {reason}", fields) from None
 
 
 def _visible_job(request: Request, job_id: int) -> Job:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..models import JOB_FIELDS, Job, Status
 from ..services import MAX_BATCH, MAX_DELAY_SECONDS, MAX_WEIGHT, MIN_WEIGHT
+from ..workflow_reads import MAX_NEIGHBOURS_SHOWN, neighbours
+from ..workflows import ON_UPSTREAM_FAILURE
 
 #: The one rule for run_at, in Python (services._run_at) and over HTTP.
 RUN_AT_HELP = (
@@ -21,6 +24,16 @@ RUN_AT_HELP = (
 TIMEOUT_HELP = (
     "seconds one attempt may run, counted from its claim: above 0, at most "
     "PGQUEUE['MAX_TIMEOUT_SECONDS']; default the task's, then DEFAULT_TIMEOUT_SECONDS"
+)
+
+#: The one rule for a job's dependencies, in Python (pgqueue.enqueue) and over HTTP.
+DEPENDS_ON_HELP = (
+    "ids of jobs of the same tenant (that this API key could read) to wait for: the job "
+    "stays waiting until every one has ended, then runs; at most "
+    "PGQUEUE['MAX_DEPENDENCIES'] (1,000)"
+)
+ON_UPSTREAM_FAILURE_HELP = (
+    "when a dependency ends dead or cancelled: cancel (default) this job too, or run it anyway"
 )
 
 
@@ -39,7 +52,18 @@ class JobSerializer(serializers.ModelSerializer):
 
     tenant = serializers.CharField(source="tenant_id")
     status = serializers.ChoiceField(
-        [*Status.values, "cancelling"], help_text="cancelling: running, asked to stop"
+        [*Status.values, "cancelling"],
+        help_text="cancelling: running, asked to stop; waiting: for its dependencies to end",
+    )
+    # The column, never the row: a list of jobs reads no workflow.
+    workflow = serializers.IntegerField(
+        source="workflow_id",
+        allow_null=True,
+        read_only=True,
+        help_text="the workflow it belongs to (GET /workflows/<id>), or null",
+    )
+    step = serializers.CharField(
+        allow_null=True, read_only=True, help_text="its step's name in its workflow, or null"
     )
 
     def to_representation(self, instance: Any) -> Any:
@@ -90,9 +114,36 @@ class JobDetailSerializer(JobSerializer):
         "null for a tenant key (they are every tenant's jobs)"
     )
 
+    depends_on = serializers.SerializerMethodField(
+        help_text=f"ids of the jobs it waits for (or waited for), at most {MAX_NEIGHBOURS_SHOWN}"
+    )
+    dependents = serializers.SerializerMethodField(
+        help_text=f"ids of the jobs that wait for it, at most {MAX_NEIGHBOURS_SHOWN}"
+    )
+
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "history", "waiting_for", "position"]
+        fields = [
+            *JobSerializer.Meta.fields,
+            "history",
+            "waiting_for",
+            "position",
+            "depends_on",
+            "dependents",
+        ]
         read_only_fields = fields
+
+    def _neighbours(self, job: Job) -> dict[str, list[int]]:
+        if not hasattr(job, "_neighbours"):  # one read for both fields
+            job._neighbours = neighbours(job.id, using=job._state.db)
+        return job._neighbours
+
+    @extend_schema_field(serializers.ListField(child=serializers.IntegerField()))
+    def get_depends_on(self, job: Job) -> list[int]:
+        return self._neighbours(job)["depends_on"]
+
+    @extend_schema_field(serializers.ListField(child=serializers.IntegerField()))
+    def get_dependents(self, job: Job) -> list[int]:
+        return self._neighbours(job)["dependents"]
 
     def _waiting(self, job: Job) -> dict:
         if not hasattr(job, "_waiting"):
@@ -154,6 +205,8 @@ class EnqueueRequest(serializers.Serializer):
         "timeout_seconds",
         "concurrency_key",
         "key_max_running",
+        "depends_on",
+        "on_upstream_failure",
     }
     task = serializers.CharField()
     payload = serializers.JSONField(required=False, help_text="any JSON; default {}")
@@ -177,6 +230,12 @@ class EnqueueRequest(serializers.Serializer):
         max_value=10_000,
         help_text="the key's cap; default the task's, then DEFAULT_KEY_MAX_RUNNING (1)",
     )
+    depends_on = serializers.ListField(
+        child=serializers.IntegerField(min_value=1), required=False, help_text=DEPENDS_ON_HELP
+    )
+    on_upstream_failure = serializers.ChoiceField(
+        list(ON_UPSTREAM_FAILURE), required=False, help_text=ON_UPSTREAM_FAILURE_HELP
+    )
 
 
 class BatchRequest(serializers.Serializer):
@@ -193,6 +252,8 @@ class BatchRequest(serializers.Serializer):
         "concurrency_key",
         "concurrency_keys",
         "key_max_running",
+        "depends_on",
+        "on_upstream_failure",
     }
     task = serializers.CharField()
     payloads = serializers.ListField(
@@ -224,6 +285,14 @@ class BatchRequest(serializers.Serializer):
         child=serializers.CharField(allow_null=True, max_length=128),
         required=False,
         help_text="one key (or null: none) per payload, instead of concurrency_key",
+    )
+    depends_on = serializers.ListField(
+        child=serializers.IntegerField(min_value=1),
+        required=False,
+        help_text=DEPENDS_ON_HELP + "; every job of the batch waits for them",
+    )
+    on_upstream_failure = serializers.ChoiceField(
+        list(ON_UPSTREAM_FAILURE), required=False, help_text=ON_UPSTREAM_FAILURE_HELP
     )
 
 
@@ -310,3 +379,165 @@ class StatsSerializer(serializers.Serializer):
     workers_alive = serializers.IntegerField()
     dead = serializers.IntegerField()
     dead_capped = serializers.BooleanField(help_text="dead is a lower bound")
+
+
+# -- workflows ----------------------------------------------------------------------------
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "description": "the name of a step of this workflow"},
+            {"type": "integer", "minimum": 1, "description": "the id of a job of the tenant"},
+        ]
+    }
+)
+class StepRefField(serializers.JSONField):
+    """A dependency of a workflow's step: a step's name (text) or a job's id (a number)."""
+
+
+class WorkflowStepRequest(serializers.Serializer):
+    """One job of POST /workflows: POST /jobs' fields (no tenant, no idempotency_key), a
+    name, and what it waits for."""
+
+    FIELDS = {
+        "name",
+        "task",
+        "payload",
+        "depends_on",
+        "on_upstream_failure",
+        "queue",
+        "priority",
+        "max_attempts",
+        "delay_seconds",
+        "run_at",
+        "timeout_seconds",
+        "concurrency_key",
+        "key_max_running",
+    }
+    name = serializers.CharField(
+        required=False,
+        help_text="[A-Za-z0-9_.-]{1,64}, unique in the workflow; default its position "
+        '("0", "1", ...)',
+    )
+    task = serializers.CharField()
+    payload = serializers.JSONField(required=False, help_text="any JSON; default {}")
+    depends_on = serializers.ListField(
+        child=StepRefField(),
+        required=False,
+        help_text="what it waits for: names of steps of this workflow (strings) and ids of "
+        "jobs of the tenant (integers), at most PGQUEUE['MAX_DEPENDENCIES'] (1,000)",
+    )
+    on_upstream_failure = serializers.ChoiceField(
+        list(ON_UPSTREAM_FAILURE), required=False, help_text=ON_UPSTREAM_FAILURE_HELP
+    )
+    queue = serializers.CharField(required=False, help_text="default the workflow's queue")
+    priority = serializers.IntegerField(
+        required=False, min_value=-100, max_value=100, help_text="default the workflow's"
+    )
+    max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=100)
+    delay_seconds = serializers.FloatField(
+        required=False,
+        min_value=0,
+        max_value=MAX_DELAY_SECONDS,
+        help_text=(
+            "counted from the enqueue: the step runs at the later of that and its "
+            "dependencies' end; not with run_at"
+        ),
+    )
+    run_at = serializers.DateTimeField(required=False, help_text=RUN_AT_HELP)
+    timeout_seconds = serializers.FloatField(required=False, help_text=TIMEOUT_HELP)
+    concurrency_key = serializers.CharField(required=False, max_length=128)
+    key_max_running = serializers.IntegerField(required=False, min_value=1, max_value=10_000)
+
+
+class WorkflowCreate(serializers.Serializer):
+    """POST /workflows; the view checks each job as POST /jobs does, then the graph is
+    checked and enqueued by pgqueue.Workflow, in one transaction."""
+
+    FIELDS = {"name", "tenant", "queue", "priority", "jobs"}
+    name = serializers.CharField(
+        required=False, allow_blank=True, max_length=200, help_text="default empty"
+    )
+    tenant = serializers.CharField(
+        required=False, help_text="as in POST /jobs: a tenant key's own tenant by default"
+    )
+    queue = serializers.CharField(required=False, help_text="every job's default queue")
+    priority = serializers.IntegerField(
+        required=False, min_value=-100, max_value=100, help_text="every job's default priority"
+    )
+    jobs = WorkflowStepRequest(
+        many=True,
+        min_length=1,
+        help_text="1 to PGQUEUE['MAX_WORKFLOW_JOBS'] (10,000) jobs, in any order: a "
+        "dependency may come after its dependent",
+    )
+
+
+class WorkflowJobSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    step = serializers.CharField(allow_null=True)
+    task = serializers.CharField()
+    # Text, not an enum: the schema's one "status" enum is a job's (JobSerializer's).
+    status = serializers.CharField(help_text=", ".join(Status.values))
+    queue = serializers.CharField()
+    priority = serializers.IntegerField()
+    attempts = serializers.IntegerField()
+    max_attempts = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    last_error = serializers.CharField(allow_null=True)
+    on_upstream_failure = serializers.ChoiceField(list(ON_UPSTREAM_FAILURE))
+    failed_upstream_id = serializers.IntegerField(
+        allow_null=True, help_text="the dependency whose end cancelled it"
+    )
+    depends_on = serializers.ListField(
+        child=serializers.IntegerField(), help_text="ids of the jobs it waits (or waited) for"
+    )
+
+
+class WorkflowSerializer(serializers.Serializer):
+    """A workflow with its jobs (dependencies first) and their dependencies."""
+
+    id = serializers.IntegerField()
+    tenant = serializers.CharField()
+    name = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField()
+    status = serializers.CharField(
+        help_text="running, done, failed or cancelled: "
+        "running while any job is unfinished; then done when all are done, failed "
+        "when any ended dead, else cancelled",
+    )
+    counts = serializers.DictField(
+        child=serializers.IntegerField(), help_text="status → how many of its jobs"
+    )
+    edges_truncated = serializers.BooleanField(
+        help_text="the jobs' depends_on lists stop short (a graph of more than 50,000 edges)"
+    )
+    jobs = WorkflowJobSerializer(many=True)
+
+
+class WorkflowSummarySerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    tenant = serializers.CharField()
+    name = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField()
+    live = serializers.BooleanField(help_text="a job of it is still unfinished")
+
+
+class WorkflowListSerializer(serializers.Serializer):
+    next = serializers.URLField(allow_null=True, help_text="older workflows (a cursor link)")
+    results = WorkflowSummarySerializer(many=True, help_text="newest first, at most limit")
+
+
+class WorkflowCancelSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    cancelled = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="jobs cancelled now (waiting, scheduled, queued)",
+    )
+    cancelling = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="running jobs asked to stop: their workers end them cancelled",
+    )

@@ -33,14 +33,17 @@ from .errors import ApiError, bad_field, exception_handler
 from .params import (
     SafeJSONParser,
     _body,
+    _check_dependencies,
     _check_scope,
     _cursor_link,
     _decode_cursor,
     _delay,
+    _depends_on,
     _int_param,
     _keys,
     _known_params,
     _moment,
+    _on_upstream_failure,
     _options,
     _page,
     _task,
@@ -150,6 +153,9 @@ class JobsView(PgQueueView):
         _task(data)  # a missing task is a 400 before anything else
         tenant = _tenant_for(request, scope, data.get("tenant"))
         _check_scope(scope, data)
+        depends_on = _depends_on(data)
+        on_upstream_failure = _on_upstream_failure(data)
+        _check_dependencies(scope, tenant, {"depends_on": depends_on or []})
         with _delay(data):
             job, created = services.enqueue(
                 _task(data),
@@ -157,6 +163,8 @@ class JobsView(PgQueueView):
                 tenant=tenant,
                 idempotency_key=key,
                 concurrency_key=_keys(data),
+                depends_on=depends_on,
+                on_upstream_failure=on_upstream_failure,
                 **_options(data),
             )
         if not created and not scope.sees(job):
@@ -293,12 +301,17 @@ class JobBatchView(PgQueueView):
         _task(data)  # a missing task is a 400 before anything else
         tenant = _tenant_for(request, scope, data.get("tenant"))
         _check_scope(scope, data)
+        depends_on = _depends_on(data)
+        on_upstream_failure = _on_upstream_failure(data)
+        _check_dependencies(scope, tenant, {"depends_on": depends_on or []})
         with _delay(data):
             ids = services.enqueue_many(
                 _task(data),
                 payloads,
                 tenant=tenant,
                 concurrency_key=_keys(data),
+                depends_on=depends_on,
+                on_upstream_failure=on_upstream_failure,
                 **_options(data),
             )
         return Response({"ids": ids, "count": len(ids)}, status=status.HTTP_201_CREATED)
@@ -306,7 +319,7 @@ class JobBatchView(PgQueueView):
 
 class JobView(PgQueueView):
     @extend_schema(
-        summary="A job with its attempt history",
+        summary="A job with its attempt history, its dependencies and its dependents",
         operation_id="jobs_retrieve",
         responses={200: JobDetailSerializer, **ERRORS},
     )

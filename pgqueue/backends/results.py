@@ -26,8 +26,10 @@ MAX_JOB_ID = 2**63 - 1
 LEASE_EXPIRED_PATH = "pgqueue.backends.LeaseExpired"
 
 #: pgqueue job status -> the framework's status. A job waiting for a retry is READY ("ready
-#: to be executed again"); a cancelled one FAILED ("unable to start").
+#: to be executed again"), as one waiting for its dependencies (pgqueue.workflows); a
+#: cancelled one FAILED ("unable to start").
 STATUSES = {
+    Status.WAITING: TaskResultStatus.READY,
     Status.SCHEDULED: TaskResultStatus.READY,
     Status.QUEUED: TaskResultStatus.READY,
     Status.RUNNING: TaskResultStatus.RUNNING,

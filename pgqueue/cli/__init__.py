@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from . import jobs, limits, overview, periodic, tenants
+from . import jobs, limits, overview, periodic, tenants, workflows
 from .base import EXIT_CODES_HELP, OperatorCommand
 
 __all__ = ["EXIT_CODES_HELP", "GROUPS", "SUBCOMMANDS", "OperatorCommand"]
 
 #: The modules of subcommands, in the order ``manage.py pgqueue --help`` lists them.
-GROUPS = [jobs, tenants, limits, overview, periodic]
+GROUPS = [jobs, tenants, limits, overview, periodic, workflows]
 
 #: name -> command class, every group's.
 SUBCOMMANDS: dict[str, type[BaseCommand]] = {

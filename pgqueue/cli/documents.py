@@ -23,6 +23,8 @@ _JOB_DATETIMES = frozenset(
     {"run_at", "created_at", "claimed_at", "started_at", "finished_at", "cancel_requested_at"}
 )
 _JOB_INTS = frozenset({"id", "priority", "attempts", "max_attempts", "lost_claims"})
+#: The foreign keys among the fields, written as their column: the id, or null.
+_JOB_KEYS = {"tenant": "tenant_id", "workflow": "workflow_id"}
 
 
 def moment(value: dt.datetime | None) -> str | None:
@@ -45,12 +47,13 @@ def job(job: Job) -> dict[str, Any]:
     cancellation was requested is "cancelling"."""
     document: dict[str, Any] = {}
     for name in JOB_FIELDS:
-        value = job.tenant_id if name == "tenant" else getattr(job, name)
+        # A foreign key as its column, never its row (as the serializer writes it).
+        value = getattr(job, _JOB_KEYS.get(name, name))
         if name in _JOB_DATETIMES:
             value = moment(value)
         elif name in _JOB_INTS:
             value = int(value)
-        elif name == "key_max_running":
+        elif name in ("key_max_running", "workflow"):
             value = _optional(int, value)
         elif name == "timeout_seconds":
             value = _optional(float, value)

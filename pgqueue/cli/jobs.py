@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from .. import pages, services
+from .. import pages, services, workflow_reads
 from ..limit_reads import waiting_for
 from ..models import Job, JobAttempt, Status
 from ..registry import TASK_NAME_RE
@@ -130,23 +130,37 @@ class ShowCommand(OperatorCommand):
             self.warn(f"job {options['id']} does not exist")
             return EXIT_SKIPPED
         total, attempts = pages.job_history(job.id, options["attempts"], using=self.using)
+        neighbours = workflow_reads.neighbours(job.id, using=self.using)
         document = {
             **job_document(job),
             "history": [attempt_document(a) for a in attempts],
             **waiting_for(job, using=self.using),
+            **neighbours,
             "history_total": total,
         }
-        self.emit(options, document, lambda: _job_page(job, attempts, total))
+        self.emit(options, document, lambda: _job_page(job, attempts, total, neighbours))
         return EXIT_OK
 
 
-def _job_page(job: Job, attempts: Sequence[JobAttempt], total: int) -> str:
+def _ids(ids: Sequence[int]) -> str:
+    """Job ids, and "…" when there may be more than the read returns."""
+    text = ", ".join(str(i) for i in ids) or output.NONE
+    return text + ", …" if len(ids) >= workflow_reads.MAX_NEIGHBOURS_SHOWN else text
+
+
+def _job_page(
+    job: Job, attempts: Sequence[JobAttempt], total: int, neighbours: dict[str, list[int]]
+) -> str:
     fields = [
         ("id", job.id),
         ("task", job.task),
         ("tenant", job.tenant_id),
         ("queue", job.queue),
         ("status", job.status),
+        ("workflow", output.NONE if job.workflow_id is None else job.workflow_id),
+        ("step", job.step or output.NONE),
+        ("depends on", _ids(neighbours["depends_on"])),
+        ("dependents", _ids(neighbours["dependents"])),
         ("priority", job.priority),
         ("attempts", f"{job.attempts}/{job.max_attempts}"),
         ("run at", output.when(job.run_at)),
@@ -233,7 +247,10 @@ class RetryCommand(_BulkCommand):
 
 class CancelCommand(_BulkCommand):
     name = "cancel"
-    help = "Cancel scheduled or queued jobs (running and finished ones are skipped)."
+    help = (
+        "Cancel waiting, scheduled or queued jobs, and ask running ones to stop (finished "
+        "ones are skipped)."
+    )
     action = staticmethod(services.cancel_jobs)
     done = "cancelled {jobs}"
 

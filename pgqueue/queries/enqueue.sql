@@ -423,7 +423,9 @@ SELECT NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::float8, NULL::b
 -- Enqueue 1..1,000 jobs that become runnable later (run_at in the future), returning
 -- each new job's columns (vtime NULL), into a queue where the tenant has a
 -- fair clock. They wait in 'scheduled', outside the claim index, and get their vtime when
--- JOB_PROMOTE_DUE makes them runnable. No wake-up: nothing is runnable yet. No row: the
+-- JOB_PROMOTE_DUE makes them runnable. With %(status)s 'waiting' they wait for their
+-- dependencies instead (workflows.sql), outside the promotion index too, in workflow
+-- %(workflow)s (or none) under the step names %(steps)s (one per payload, or NULL). No wake-up: nothing is runnable yet. No row: the
 -- key was taken. One row saying 'first': the queue is new to the tenant, nothing was
 -- written (but the tenant row), and store.enqueue runs JOB_ENQUEUE_SCHEDULED_FIRST.
 -- A clock this creates or finds may be deleted by FAIR_CLOCK_DELETE_IDLE before the jobs
@@ -431,9 +433,10 @@ SELECT NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::float8, NULL::b
 -- the level's scale then) before their promotion.
 -- Locks: none held on existing rows. The tenant's clock row is created here (DO NOTHING:
 --   no lock on an existing row) so that promotion only ever locks rows that exist.
--- Indexes: pgqueue_job_scheduled gains the rows; pgqueue_job_idempotency;
---   pgqueue_fair_clock_uniq.
--- Called by: store.enqueue (with a run_at), from services.enqueue / enqueue_many.
+-- Indexes: pgqueue_job_scheduled gains the rows (pgqueue_job_waiting: waiting ones);
+--   pgqueue_job_idempotency; pgqueue_fair_clock_uniq.
+-- Called by: store.enqueue (with a run_at, or waiting), from services.enqueue /
+--   enqueue_many and Workflow.enqueue.
 WITH tenant_row AS (
     INSERT INTO pgqueue_tenant (name, weight) VALUES (%(tenant)s, 1.0)
     ON CONFLICT (name) DO NOTHING
@@ -450,12 +453,14 @@ clock AS (
 inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
-                             timeout_seconds, gated, concurrency_key, key_max_running, key_state)
-    SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'scheduled', %(priority)s, NULL,
-           0, %(max_attempts)s, %(run_at)s, %(idempotency_key)s, %(timeout)s::float8,
+                             timeout_seconds, gated, concurrency_key, key_max_running, key_state,
+                             workflow_id, step, run_on_upstream_failure)
+    SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, %(status)s, %(priority)s, NULL,
+           0, %(max_attempts)s, COALESCE(%(run_at)s::timestamptz, now()), %(idempotency_key)s, %(timeout)s::float8,
            CASE WHEN k.key IS NULL THEN FALSE END,
            k.key, CASE WHEN k.key IS NOT NULL THEN %(key_max)s::int END,
-           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END
+           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END,
+           %(workflow)s::bigint, (%(steps)s::text[])[p.ord], %(run_anyway)s::boolean
       FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
            CROSS JOIN LATERAL (SELECT (%(keys)s::text[])[p.ord] AS key) k
      WHERE (SELECT yes FROM known)
@@ -505,12 +510,14 @@ clock AS (
 inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
-                             timeout_seconds, gated, concurrency_key, key_max_running, key_state)
-    SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'scheduled', %(priority)s, NULL,
-           0, %(max_attempts)s, %(run_at)s, %(idempotency_key)s, %(timeout)s::float8,
+                             timeout_seconds, gated, concurrency_key, key_max_running, key_state,
+                             workflow_id, step, run_on_upstream_failure)
+    SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, %(status)s, %(priority)s, NULL,
+           0, %(max_attempts)s, COALESCE(%(run_at)s::timestamptz, now()), %(idempotency_key)s, %(timeout)s::float8,
            CASE WHEN k.key IS NULL THEN FALSE END,
            k.key, CASE WHEN k.key IS NOT NULL THEN %(key_max)s::int END,
-           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END
+           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END,
+           %(workflow)s::bigint, (%(steps)s::text[])[p.ord], %(run_anyway)s::boolean
       FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
            CROSS JOIN LATERAL (SELECT (%(keys)s::text[])[p.ord] AS key) k
      WHERE (SELECT admitted FROM admit)

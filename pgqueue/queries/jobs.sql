@@ -30,10 +30,14 @@
 -- (array_position, in C), not by joining the jobs to the arrays' unnest: a generic plan,
 -- expecting one job, joins those by a nested loop that compares every job with every
 -- input (1,600 join-filter rows for 40 completions).
+-- Returns each job recorded, and whether a job waits for it (awaited: the worker settles
+-- its dependents after the commit, workflows.sql). A dependent whose enqueue commits while
+-- this statement runs is not seen here; its enqueue's own settle, or maintenance's sweep,
+-- decides it.
 -- Locks: the matched job rows, then their limit rows in id order (waiting), until the
 --   worker's transaction commits, at once.
 -- Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_lease;
---   pgqueue_limit_pkey.
+--   pgqueue_limit_pkey; pgqueue_job_dep_upstream (one probe per job, awaited).
 -- Called by: claim_store.turn, in a worker's turn after LIMIT_LOCK_TURN (which holds the
 --   job rows and limit rows already); store.complete_many (the recorder's batches).
 WITH
@@ -79,7 +83,8 @@ notified AS MATERIALIZED (
               FROM (SELECT id, (row_number() OVER () - 1) / 400 AS chunk FROM done) f
              GROUP BY chunk) c
 )
-SELECT id FROM done CROSS JOIN notified
+SELECT id, EXISTS (SELECT 1 FROM pgqueue_job_dependency w WHERE w.upstream_id = done.id) AS awaited
+  FROM done CROSS JOIN notified
 
 
 -- name: JOB_FAIL_MANY
@@ -397,18 +402,26 @@ SELECT id, status, CASE WHEN status = 'queued' THEN pg_notify(%(channel)s, queue
 
 
 -- name: JOB_CANCEL_MANY
--- Cancel scheduled or queued jobs. A job being claimed at this instant is locked by the
+-- Cancel waiting, scheduled or queued jobs (the caller settles their dependents after
+-- its commit, workflows.sql). A job being claimed at this instant is locked by the
 -- claim; the UPDATE waits for it, re-checks the status and skips it (it is running now).
 -- Notifies pgqueue_finished with the ids of the jobs cancelled (notified; see the top of
 -- this file), delivered when the operator action commits.
--- Locks: the matched rows, until the operator action's transaction ends.
+-- Locks: the matched rows, in id order (as JOB_SETTLE_WAITING takes waiting rows: the two
+--   never deadlock), until the operator action's transaction ends.
 -- Index: pgqueue_job_pkey (PK lookups); the rows leave pgqueue_job_claim /
---   pgqueue_job_scheduled.
+--   pgqueue_job_scheduled / pgqueue_job_waiting.
 -- Called by: store.cancel_many, from services.cancel_jobs (admin, HTTP API, Python API).
-WITH cancelled AS (
+WITH locked AS MATERIALIZED (
+    SELECT id FROM pgqueue_job
+     WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('waiting', 'scheduled', 'queued')
+     ORDER BY id
+       FOR NO KEY UPDATE
+),
+cancelled AS (
     UPDATE pgqueue_job
        SET status = 'cancelled', finished_at = now()
-     WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('scheduled', 'queued')
+     WHERE id IN (SELECT id FROM locked) AND status IN ('waiting', 'scheduled', 'queued')
     RETURNING id
 ),
 notified AS MATERIALIZED (

@@ -186,9 +186,14 @@ RETURNING (SELECT count(*) FROM fresh)
 --   enqueues touch other rows (queued, scheduled, new) and never wait on a prune. The
 --   attempt rows of the locked jobs, which nothing else writes once a job is finished.
 --   The attempt -> job foreign key is deferred: both deletes are checked at commit.
+-- A job of a workflow is kept while any job of its workflow is unfinished, and a job is
+-- kept while a job waiting for it may read its result; the edges of the jobs deleted go
+-- with them, and a workflow with its last job.
 -- Index: pgqueue_job_finished (status, finished_at) WHERE status IN finished statuses,
 --   a range scan already oldest first; pgqueue_job_attempt's job_id index for the
---   not-yet-folded probe and the delete of the history; pgqueue_stat_mark's pkey.
+--   not-yet-folded probe and the delete of the history; pgqueue_stat_mark's pkey;
+--   pgqueue_job_workflow_live (one probe per workflow job), pgqueue_job_dep_upstream
+--   and pgqueue_job_dep_uniq (the edges), pgqueue_job_workflow (a workflow's last job).
 WITH doomed AS MATERIALIZED (
     SELECT j.id FROM pgqueue_job j
      WHERE j.status = %(status)s
@@ -199,6 +204,13 @@ WITH doomed AS MATERIALIZED (
             WHERE a.job_id = j.id
               AND a.id > COALESCE(
                   (SELECT last_attempt_id FROM pgqueue_stat_mark WHERE id = 1), 0))
+       AND (j.workflow_id IS NULL OR NOT EXISTS (  -- a workflow's jobs go once all have ended
+           SELECT 1 FROM pgqueue_job l
+            WHERE l.workflow_id = j.workflow_id
+              AND l.status IN ('waiting', 'scheduled', 'queued', 'running')))
+       AND NOT EXISTS (  -- a job still waited for keeps its result for its dependents
+           SELECT 1 FROM pgqueue_job_dependency d JOIN pgqueue_job w ON w.id = d.job_id
+            WHERE d.upstream_id = j.id AND w.status = 'waiting')
      ORDER BY j.finished_at
      LIMIT %(limit)s
        FOR UPDATE OF j SKIP LOCKED
@@ -206,8 +218,19 @@ WITH doomed AS MATERIALIZED (
 history AS (
     DELETE FROM pgqueue_job_attempt a USING doomed d WHERE a.job_id = d.id RETURNING a.id
 ),
+edges AS (
+    DELETE FROM pgqueue_job_dependency e
+     WHERE e.job_id IN (SELECT id FROM doomed) OR e.upstream_id IN (SELECT id FROM doomed)
+),
 jobs AS (
-    DELETE FROM pgqueue_job j USING doomed d WHERE j.id = d.id RETURNING j.id
+    DELETE FROM pgqueue_job j USING doomed d WHERE j.id = d.id RETURNING j.id, j.workflow_id
+),
+workflows AS (  -- a workflow goes with its last job
+    DELETE FROM pgqueue_workflow w
+     WHERE w.id IN (SELECT workflow_id FROM jobs WHERE workflow_id IS NOT NULL)
+       AND NOT EXISTS (SELECT 1 FROM pgqueue_job o
+                        WHERE o.workflow_id = w.id
+                          AND o.id NOT IN (SELECT id FROM jobs))
 )
 SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM history)
 
@@ -226,6 +249,13 @@ WITH doomed AS MATERIALIZED (
             WHERE a.job_id = j.id
               AND a.id > COALESCE(
                   (SELECT last_attempt_id FROM pgqueue_stat_mark WHERE id = 1), 0))
+       AND (j.workflow_id IS NULL OR NOT EXISTS (  -- a workflow's jobs go once all have ended
+           SELECT 1 FROM pgqueue_job l
+            WHERE l.workflow_id = j.workflow_id
+              AND l.status IN ('waiting', 'scheduled', 'queued', 'running')))
+       AND NOT EXISTS (  -- a job still waited for keeps its result for its dependents
+           SELECT 1 FROM pgqueue_job_dependency d JOIN pgqueue_job w ON w.id = d.job_id
+            WHERE d.upstream_id = j.id AND w.status = 'waiting')
      ORDER BY j.finished_at
      LIMIT %(limit)s
 )

@@ -29,6 +29,7 @@ class JobContext:
         "_heartbeat",
         "_lost",
         "_stop",
+        "_upstream",
         "attempt",
         "began",
         "claimed",
@@ -93,6 +94,30 @@ class JobContext:
         #: time.monotonic() past which the attempt has timed out: counted from the
         #: handler's start (None until then: a job that has not begun cannot time out).
         self.deadline: float | None = None
+        self._upstream: list[Any] | None = None
+
+    @property
+    def upstream(self) -> list[Any]:
+        """The jobs this one waited for (``depends_on``, a workflow's dependencies), in id
+        order, each ``(id, step, status, result)`` (``pgqueue.workflow_store.Upstream``):
+        read once, on first use, from the handler's thread. Empty for a job without
+        dependencies."""
+        if self._upstream is None:
+            from django.db import connections
+
+            from ..conf import queue_db
+            from ..workflow_store import upstream
+
+            with connections[queue_db(None)].cursor() as cursor:
+                self._upstream = upstream(cursor, self.id)
+        return self._upstream
+
+    @property
+    def upstream_results(self) -> dict[str | int, Any]:
+        """The results of the jobs this one waited for, by step name (a workflow's step)
+        or, for a job without one, by id. A dependency that ended dead or cancelled (the
+        job runs anyway: ``on_upstream_failure="run"``) has None."""
+        return {u.id if u.step is None else u.step: u.result for u in self.upstream}
 
     def mark_started(self) -> None:
         """The executor's, as a thread takes the job: its handler begins now."""

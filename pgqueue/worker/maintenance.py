@@ -21,6 +21,10 @@
   so a tenant's queues stop counting against ``MAX_QUEUES_PER_TENANT`` once their jobs
   are done. In a short transaction of its own after the pass's has committed (its locks
   are held for two statements, and a failure of it undoes none of the pass).
+- ``settle_dependents`` / ``settle_waiting``: the jobs waiting for the jobs the pass ended
+  are settled (``pgqueue.workflows``), and a page of ``WAITING_SWEEP_BATCH`` waiting jobs,
+  going round in id order, is settled again: the repair for a settle a crash interrupted.
+  Each round in a short transaction of its own after the pass's has committed.
 - ``prune_finished_jobs``: finished jobs older than ``RETENTION`` leave the table with their
   attempt rows, in batches of ``PRUNE_BATCH_SIZE``, at most ``PRUNE_BATCHES_PER_PASS`` of
   them per pass, each in its own short transaction after the pass's has committed (so the
@@ -45,11 +49,20 @@ from typing import Any
 
 import psycopg
 
-from .. import fair_store, key_store, limits_store, prune_store, stop_store, store
+from .. import (
+    fair_store,
+    key_store,
+    limits_store,
+    prune_store,
+    stop_store,
+    store,
+    workflow_store,
+)
 from ..conf import pgqueue_settings
 from ..fairness import by_time
 from ..schedules import Fired, enqueue_due
 from .connection import CONNECTION_ERRORS, error_text
+from .recorder import settle_dependents
 
 logger = logging.getLogger("pgqueue.worker")
 
@@ -89,6 +102,10 @@ def run_maintenance(conn: Any) -> MaintenanceResult:
             correct_fair_clocks(cur)
         enqueue_due_periodic(cur)
         recount_limits(cur)
+    # The dependents of the jobs the pass ended, and a page of the waiting jobs, each in
+    # transactions of their own once the pass has committed.
+    settle_dependents(conn, [*stopped, *rescued])
+    settle_waiting(conn)
     prune_idle_clocks(conn)
     prune_finished_jobs(conn)
     # Logged once committed: a pass that rolled back rescued and promoted nothing.
@@ -167,6 +184,28 @@ def promote_due_jobs(cur: Any) -> list[int]:
     Each gets a fresh fair vtime, so a job back from a backoff does not jump the line.
     """
     return store.promote_due(cur)
+
+
+#: Where the sweep of waiting jobs goes on from (an id; 0: from the first), in this process.
+_sweep_after = 0
+
+
+def settle_waiting(conn: Any) -> dict[int, str]:
+    """Settle the next WAITING_SWEEP_BATCH waiting jobs in id order, going round: the
+    repair for a job whose settle a process's death interrupted (workflows.sql). Most
+    stay waiting, their dependencies unfinished."""
+    global _sweep_after
+    with conn.cursor() as cur:
+        page = workflow_store.waiting_page(
+            cur, after=_sweep_after, limit=int(pgqueue_settings.WAITING_SWEEP_BATCH)
+        )
+    _sweep_after = page[-1] if page else 0
+    if not page:
+        return {}
+    settled = workflow_store.settle_rounds(workflow_store.psycopg_atomic(conn), ids=page)
+    if settled:
+        logger.info("event=waiting_swept examined=%d settled=%d", len(page), len(settled))
+    return settled
 
 
 def prune_dead_workers(cur: Any) -> None:

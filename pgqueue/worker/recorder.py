@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from .. import claim_store, key_store, signals, stop_store, store
+from .. import claim_store, key_store, signals, stop_store, store, workflow_store
 from ..claim_store import Success
 from .clock import DatabaseClock
 from .connection import CONNECTION_ERRORS, error_text
@@ -49,6 +49,29 @@ def stopped_outcome(ctx: JobContext) -> str | None:
 
 #: Most job ids the INFO line of a recorded batch names (then ``,+N`` more).
 LOGGED_IDS = 20
+
+
+def settle_dependents(db: psycopg.Connection, ended: Iterable[int]) -> bool:
+    """Settle the jobs waiting for ``ended`` (jobs this worker ended, committed): runnable
+    once all they wait for is done, or cancelled after a failure (pgqueue.workflows).
+    Returns whether it made a job runnable (a burst worker then looks for it). A failure
+    here is logged and left: the outcomes stand, and maintenance's sweep settles the
+    dependents."""
+    upstreams = sorted(ended)
+    if not upstreams:
+        return False
+    try:
+        settled = workflow_store.settle_rounds(
+            workflow_store.psycopg_atomic(db), upstreams=upstreams
+        )
+        return "scheduled" in settled.values()
+    except psycopg.Error as exc:
+        logger.warning(
+            "event=settle_failed upstreams=%s error=%r action=left_to_maintenance",
+            ",".join(map(str, upstreams[:20])),
+            error_text(exc),
+        )
+        return False
 
 
 def announce(outcomes: list[tuple[str, HandlerOutcome]]) -> None:
@@ -129,21 +152,31 @@ class OutcomeRecorder:
         """The start, in the database's clock, of each of ``contexts`` whose handler began."""
         return {c.id: self.clock.at(c.began) for c in contexts if c.began is not None}
 
-    def record(self, cur: Any, outcomes: list[HandlerOutcome]) -> set[int]:
-        """Write outcomes (fenced); returns the ids whose outcome was recorded."""
+    def record(
+        self, cur: Any, outcomes: list[HandlerOutcome], ended: set[int] | None = None
+    ) -> set[int]:
+        """Write outcomes (fenced); returns the ids whose outcome was recorded. Adds to
+        ``ended`` the jobs it ended that a job may wait for (done and awaited, dead,
+        cancelled): ``settle_dependents`` of them once this has committed."""
         successes, failures = self.split(outcomes)
         recorded: set[int] = set()
+        ended = set() if ended is None else ended
         if successes and failures:  # two statements: their limit rows locked first, in order
             claim_store.lock_turn(
                 cur, worker=self.worker_id, ids=[o.id for o in [*successes, *failures]]
             )
         if successes:
-            recorded |= store.complete_many(cur, worker=self.worker_id, results=successes)
+            recorded |= store.complete_many(
+                cur, worker=self.worker_id, results=successes, awaited=ended
+            )
         if failures:
             statuses = store.fail_many(cur, worker=self.worker_id, failures=failures)
             self.statuses.update(statuses)
             recorded |= set(statuses)
-        recorded |= self.cancel_refused(cur, outcomes, recorded)
+            ended.update(i for i, status in statuses.items() if status == "dead")
+        stopped = self.cancel_refused(cur, outcomes, recorded)
+        recorded |= stopped
+        ended |= stopped
         key_store.settle(cur, sorted(recorded))  # their concurrency keys' slots, if any
         return recorded
 
@@ -182,8 +215,11 @@ class OutcomeRecorder:
     def record_in_transaction(
         self, db: psycopg.Connection, outcomes: list[HandlerOutcome]
     ) -> set[int]:
+        ended: set[int] = set()
         with db.transaction(), db.cursor() as cur:
-            return self.record(cur, outcomes)
+            recorded = self.record(cur, outcomes, ended)
+        settle_dependents(db, ended)
+        return recorded
 
     def flush(self, db: psycopg.Connection, pending: list[HandlerOutcome]) -> None:
         """Record and log all of ``pending`` in one transaction, or one by one when the

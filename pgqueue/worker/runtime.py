@@ -40,7 +40,7 @@ from .heartbeat import Heartbeats
 from .listener import Listener
 from .lookahead import LookAhead
 from .maintenance import maintain
-from .recorder import OutcomeRecorder
+from .recorder import OutcomeRecorder, settle_dependents
 from .stops import JobStops
 
 logger = logging.getLogger("pgqueue.worker")
@@ -271,11 +271,14 @@ class WorkerLoop(JobsInHand):
             # A success or failure the cancel fence refused is recorded cancelled: more
             # statements, only after a cancel race or a lease lost unheard of.
             recorded = done.recorded
+            # Jobs it ended that others may wait for, settled once committed (below).
+            ended = set(done.awaited) | {i for i, st in done.failed.items() if st == "dead"}
             if self.recorder.refused(self.pending, done.recorded):
                 with self.db.transaction(), self.db.cursor() as cur:
                     stopped = self.recorder.cancel_refused(cur, self.pending, done.recorded)
                     key_store.settle(cur, sorted(stopped))
                 recorded = recorded | stopped
+                ended |= stopped
         except CONNECTION_ERRORS:
             self.admit_due = self.admit_due or bool(admit)
             raise
@@ -299,10 +302,11 @@ class WorkerLoop(JobsInHand):
         self.recorder.log(self.pending, recorded)
         self.pending = []
         self._dispatch(done.jobs)
+        released = settle_dependents(self.db, ended)  # after the dispatch: claimed jobs first
         self.counted &= self.in_flight.keys()  # those recorded, given back or lost go
         self.keyed &= self.in_flight.keys()
         # Idle: nothing claimed, and no new keyed job left unexamined that might be admitted.
-        self._burst_idle = want > 0 and not done.jobs and not self.admit_due
+        self._burst_idle = want > 0 and not done.jobs and not self.admit_due and not released
         self.token_wait = None
         if len(done.jobs) < want:  # a rate limit may hold jobs back: wake for its next token
             with self.db.cursor() as cur:

@@ -28,7 +28,7 @@ from ..timeouts import timed_out_text
 from .context import JobContext
 from .executor import HandlerOutcome, cancel_coroutine
 from .heartbeat import Heartbeats
-from .recorder import OutcomeRecorder
+from .recorder import OutcomeRecorder, settle_dependents
 
 logger = logging.getLogger("pgqueue.worker")
 
@@ -100,6 +100,7 @@ class JobStops:
                 via,
                 "cancelled" if ctx.id in stopped else "already_recorded_or_lost",
             )
+        settle_dependents(db, stopped)  # after the log lines: the job's end is told first
 
     def expire(self, db: psycopg.Connection, running: Iterable[JobContext]) -> None:
         """Fail the attempts of ``running`` whose deadline has passed (their handlers may

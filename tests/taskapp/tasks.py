@@ -411,5 +411,48 @@ def db_error(payload, job):
         cur.execute("SELECT 1 / 0")
 
 
+# -- workflows (tests/test_workflows.py) ---------------------------------------------------
+
+
+@pgqueue.task(name="test.wf_step")
+def wf_step(payload, job):
+    """A workflow's step: fails for good with ``payload["fail"]``, sleeps
+    ``payload["sleep"]`` seconds, and returns ``payload["value"]`` (default: the job's id)
+    with the values its dependencies returned, by step name or id."""
+    payload = payload or {}
+    if payload.get("sleep"):
+        time.sleep(payload["sleep"])
+    if payload.get("fail"):
+        raise pgqueue.PermanentError("asked to fail")
+    seen = {
+        str(key): (value or {}).get("value") if isinstance(value, dict) or value is None else value
+        for key, value in job.upstream_results.items()
+    }
+    return {"value": payload.get("value", job.id), "upstream": seen}
+
+
+# -- workflows under concurrency (tests/test_workflows_concurrency.py) ---------------------
+
+
+@pgqueue.task(name="test.wf_leaf")
+def wf_leaf(payload, job):
+    """A step that never touches the database (test.wf_step reads its dependencies, a
+    connection per thread): a fan-in's header on 128 threads stays within the server's
+    connections. Returns ``payload["value"]``.
+
+    With ``payload["gate"]`` (a path), it first creates ``payload["started"]/<value>``,
+    then waits (at most 60 s) for the gate file, which holds a moment (time.time()), and
+    returns at that moment: a test opens the gate once all such steps run, and they all
+    end together, to the millisecond."""
+    if payload.get("gate"):
+        Path(payload["started"], str(payload["value"])).touch()
+        gate, deadline = Path(payload["gate"]), time.monotonic() + 60
+        while not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if gate.exists():
+            time.sleep(max(0.0, float(gate.read_text()) - time.time()))
+    return {"value": payload["value"]}
+
+
 if os.environ.get("TESTS_SIGNAL_LOG"):
     from tests.taskapp import signal_receivers  # noqa: F401  (tests/test_retry_policies.py)
