@@ -39,6 +39,7 @@ RUNS = [
     ("limits", "13. Caps and rate limits"),
     ("claim_shape", "14. The claim path's shape"),
     ("keys", "15. Concurrency keys and sequences"),
+    ("workflows", "16. Workflows"),
 ]
 
 

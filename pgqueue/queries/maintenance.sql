@@ -187,8 +187,8 @@ RETURNING (SELECT count(*) FROM fresh)
 --   attempt rows of the locked jobs, which nothing else writes once a job is finished.
 --   The attempt -> job foreign key is deferred: both deletes are checked at commit.
 -- A job of a workflow is kept while any job of its workflow is unfinished, and a job is
--- kept while a job waiting for it may read its result; the edges of the jobs deleted go
--- with them, and a workflow with its last job.
+-- kept while a job that depends on it is unfinished (its handler may read the result);
+-- the edges of the jobs deleted go with them, and a workflow with its last job.
 -- Index: pgqueue_job_finished (status, finished_at) WHERE status IN finished statuses,
 --   a range scan already oldest first; pgqueue_job_attempt's job_id index for the
 --   not-yet-folded probe and the delete of the history; pgqueue_stat_mark's pkey;
@@ -208,9 +208,10 @@ WITH doomed AS MATERIALIZED (
            SELECT 1 FROM pgqueue_job l
             WHERE l.workflow_id = j.workflow_id
               AND l.status IN ('waiting', 'scheduled', 'queued', 'running')))
-       AND NOT EXISTS (  -- a job still waited for keeps its result for its dependents
+       AND NOT EXISTS (  -- kept for its unfinished dependents, which may read its result
            SELECT 1 FROM pgqueue_job_dependency d JOIN pgqueue_job w ON w.id = d.job_id
-            WHERE d.upstream_id = j.id AND w.status = 'waiting')
+            WHERE d.upstream_id = j.id
+              AND w.status IN ('waiting', 'scheduled', 'queued', 'running'))
      ORDER BY j.finished_at
      LIMIT %(limit)s
        FOR UPDATE OF j SKIP LOCKED
@@ -253,9 +254,10 @@ WITH doomed AS MATERIALIZED (
            SELECT 1 FROM pgqueue_job l
             WHERE l.workflow_id = j.workflow_id
               AND l.status IN ('waiting', 'scheduled', 'queued', 'running')))
-       AND NOT EXISTS (  -- a job still waited for keeps its result for its dependents
+       AND NOT EXISTS (  -- kept for its unfinished dependents, which may read its result
            SELECT 1 FROM pgqueue_job_dependency d JOIN pgqueue_job w ON w.id = d.job_id
-            WHERE d.upstream_id = j.id AND w.status = 'waiting')
+            WHERE d.upstream_id = j.id
+              AND w.status IN ('waiting', 'scheduled', 'queued', 'running'))
      ORDER BY j.finished_at
      LIMIT %(limit)s
 )

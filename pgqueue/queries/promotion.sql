@@ -156,7 +156,8 @@ candidate AS MATERIALIZED (
 ),
 due AS MATERIALIZED (
     SELECT j.id, j.queue, j.tenant, j.priority, j.run_at FROM pgqueue_job j
-     WHERE j.id IN (SELECT id FROM candidate) AND j.status = 'scheduled' AND j.id = ANY(%(ids)s::bigint[])
+     WHERE j.id = ANY(ARRAY(SELECT id FROM candidate))  -- by id: pkey lookups, not a semi-join
+       AND j.status = 'scheduled' AND j.id = ANY(%(ids)s::bigint[])
        FOR UPDATE OF j SKIP LOCKED
 ),
 ranked AS (
@@ -351,7 +352,8 @@ candidate AS MATERIALIZED (
 ),
 due AS MATERIALIZED (
     SELECT j.id, j.queue, j.tenant, j.priority, j.run_at, j.task FROM pgqueue_job j
-     WHERE j.id IN (SELECT id FROM candidate) AND j.status = 'scheduled' AND j.id = ANY(%(ids)s::bigint[])
+     WHERE j.id = ANY(ARRAY(SELECT id FROM candidate))  -- by id: pkey lookups, not a semi-join
+       AND j.status = 'scheduled' AND j.id = ANY(%(ids)s::bigint[])
        FOR UPDATE OF j SKIP LOCKED
 ),
 charge AS (
