@@ -67,11 +67,17 @@ def insert_dependencies(cursor: Any, edges: Iterable[tuple[int, int]]) -> None:
 
 
 def settle(
-    cursor: Any, *, ids: Sequence[int] = (), upstreams: Sequence[int] = ()
+    cursor: Any,
+    *,
+    ids: Sequence[int] = (),
+    upstreams: Sequence[int] = (),
+    unpromoted: list[int] | None = None,
 ) -> dict[int, str]:
     """Settle the waiting jobs ``ids`` and the waiting dependents of ``upstreams``
     (JOB_SETTLE_WAITING), and promote those now runnable and due (JOB_PROMOTE_MANY), in
-    the caller's transaction. Returns ``{job id: 'scheduled' or 'cancelled'}``."""
+    the caller's transaction. Returns ``{job id: 'scheduled' or 'cancelled'}``; adds to
+    ``unpromoted`` the due ones the promotion passed over (their tenant's fair clock was
+    held by another transaction)."""
     if not ids and not upstreams:
         return {}
     cursor.execute(
@@ -79,9 +85,18 @@ def settle(
     )
     rows = cursor.fetchall()
     due = [row[0] for row in rows if row[1] == "scheduled" and row[2]]
-    for start in range(0, len(due), PROMOTE_BATCH):
-        store.promote_ids(cursor, due[start : start + PROMOTE_BATCH])
+    skipped = _promote(cursor, due)
+    if unpromoted is not None:
+        unpromoted.extend(skipped)
     return {row[0]: row[1] for row in rows}
+
+
+def _promote(cursor: Any, due: Sequence[int]) -> list[int]:
+    """Promote ``due`` in batches of PROMOTE_BATCH; returns those passed over."""
+    promoted: set[int] = set()
+    for start in range(0, len(due), PROMOTE_BATCH):
+        promoted.update(store.promote_ids(cursor, due[start : start + PROMOTE_BATCH]))
+    return [i for i in due if i not in promoted]
 
 
 def settle_rounds(
@@ -98,8 +113,16 @@ def settle_rounds(
     for _ in range(MAX_SETTLE_ROUNDS):
         if not ids and not upstreams:
             break
+        unpromoted: list[int] = []
         with atomic() as cursor:
-            now = settle(cursor, ids=ids, upstreams=upstreams)
+            now = settle(cursor, ids=ids, upstreams=upstreams, unpromoted=unpromoted)
+        if unpromoted:
+            # Passed over because another transaction (an enqueue, another settle) held
+            # their tenant's clock: one more try once this one has committed, which is
+            # usually after the other's; what is still held waits for maintenance's
+            # promotion (MAINTENANCE_SECONDS).
+            with atomic() as cursor:
+                _promote(cursor, unpromoted)
         settled.update(now)
         ids, upstreams = (), [i for i, status in now.items() if status == "cancelled"]
     return settled

@@ -303,3 +303,28 @@ def test_a_burst_worker_runs_a_whole_workflow_before_it_exits(workers: StartWork
     w = workers("--burst", "--concurrency", "2", settings=FAST)
     assert w.wait_exit(STARTUP + 30) == 0
     assert set(statuses(run.jobs.values()).values()) == {"done"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_whose_tenant_clock_is_held_waits_scheduled_for_the_next_promotion():
+    """The settle's promotion passes over a tenant's fair clock another transaction holds
+    (SKIP LOCKED, as every promotion: a worker never waits on an enqueue). The step is
+    left scheduled and due, not lost: the next promotion makes it runnable."""
+    import psycopg
+
+    from pgqueue import store
+    from tests.workers import database_url
+
+    up, _ = pgqueue.enqueue(STEP, tenant="held")
+    down, _ = pgqueue.enqueue(STEP, tenant="held", depends_on=[up])
+    Job.objects.filter(id=up.id).update(status="done")
+    with psycopg.connect(database_url()) as other:  # an open enqueue holding the clock
+        other.execute("SELECT 1 FROM pgqueue_fair_clock WHERE tenant = 'held' FOR UPDATE")
+        assert workflows_settle(upstreams=[up.id]) == {down.id: "scheduled"}
+        assert statuses([down.id])[down.id] == "scheduled"
+        other.rollback()
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        assert down.id in store.promote_due(cur)
+    assert statuses([down.id])[down.id] == "queued"
