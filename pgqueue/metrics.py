@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 
 from . import limit_reads, liveness, reads
 from .conf import pgqueue_settings, queue_db
-from .models import LIVE_STATUSES, RUN_TIME_BUCKETS, Job, TaskStat
+from .models import RUN_TIME_BUCKETS, TaskStat
 
 TOP_TENANTS = 20
 
@@ -91,7 +91,7 @@ class PgQueueCollector(Collector):
         yield GaugeMetricFamily(
             "pgqueue_workflows_live",
             "Workflows with at least one unfinished (waiting, scheduled, queued or running) job",
-            value=live_workflows(),
+            value=reads.live_workflows(),
         )
         yield from self._task_stats()
 
@@ -173,23 +173,6 @@ class PgQueueCollector(Collector):
             )
         yield outcomes
         yield run_time
-
-
-def live_workflows(*, using: str | None = None) -> int:
-    """How many workflows have an unfinished job.
-
-    Its filter is the predicate of the partial index pgqueue_job_workflow_live (live jobs
-    of a workflow only), so the DISTINCT reads that index's entries, one per live job,
-    whatever the number of finished workflows and jobs kept.
-    """
-    return (
-        Job.objects.using(queue_db(using))
-        .filter(workflow__isnull=False, status__in=LIVE_STATUSES)
-        .order_by()
-        .values("workflow_id")
-        .distinct()
-        .count()
-    )
 
 
 _registered = False

@@ -51,6 +51,8 @@ exported_limits (limit_reads)  LIMIT_ROWS_EXPORTED: pgqueue_limit (a row per lim
                                scope), at most METRICS_LIMIT_SERIES rows
 key_counts                     KEY_COUNTS: pgqueue_key (a row per key with a slot     no
                                held), the jobs waiting for their key (live rows)
+live_workflows                 DISTINCT workflow_id of pgqueue_job_workflow_live (live  no
+                               jobs of a workflow only)
 =============================  =====================================================  ======
 
 ``*``: per tenant asked for (at most ``limit`` for a page of /tenants), its live jobs and

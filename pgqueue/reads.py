@@ -40,6 +40,7 @@ from . import read_sql
 from .conf import pgqueue_settings, queue_db
 from .liveness import workers_alive
 from .models import (
+    LIVE_STATUSES,
     Job,
     JobAttempt,
     Outcome,
@@ -175,6 +176,23 @@ def key_counts(*, using: str | None = None) -> tuple[int, int, int]:
         cursor.execute(read_sql.KEY_COUNTS)
         keys, slots, waiting = cursor.fetchone()
     return int(keys), int(slots), int(waiting)
+
+
+def live_workflows(*, using: str | None = None) -> int:
+    """How many workflows have an unfinished job.
+
+    Its filter is the predicate of the partial index pgqueue_job_workflow_live (live jobs
+    of a workflow only), so the DISTINCT reads that index's entries, one per live job,
+    whatever the number of finished workflows and jobs kept.
+    """
+    return (
+        Job.objects.using(queue_db(using))
+        .filter(workflow__isnull=False, status__in=LIVE_STATUSES)
+        .order_by()
+        .values("workflow_id")
+        .distinct()
+        .count()
+    )
 
 
 def row_estimate(table: str, *, using: str | None = None) -> int | None:

@@ -55,10 +55,6 @@ class WorkflowView:
     status: str
     edges_truncated: bool = False
 
-    @property
-    def edges(self) -> list[tuple[int, int]]:
-        return [(j.id, u) for j in self.jobs for u in j.depends_on]
-
 
 def status_of(counts: dict[str, int]) -> str:
     """'running' while any job is unfinished; then 'done' when all are done, 'failed'

@@ -22,6 +22,7 @@ How settling stays exact under concurrent ends, crashes and retries is in
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -40,6 +41,8 @@ from .job_options import (
 )
 from .models import Workflow as WorkflowRow
 from .registry import RegisteredTask
+
+logger = logging.getLogger("pgqueue.workflows")
 
 ON_UPSTREAM_FAILURE = ("cancel", "run")
 
@@ -454,14 +457,12 @@ def settle_after_commit(
     """Settle waiting jobs on Django's connection ``using``, once what they wait on has
     committed (``transaction.on_commit``). A failure here is logged, not raised: the
     caller's own work has committed, and maintenance's sweep settles what is left."""
-    import logging
-
     try:
         return workflow_store.settle_rounds(
             workflow_store.django_atomic(using), ids=ids, upstreams=upstreams
         )
     except Exception:  # the sweep repairs it; the committed enqueue or action stands
-        logging.getLogger("pgqueue.workflows").exception(
+        logger.exception(
             "event=settle_failed ids=%s upstreams=%s action=left_to_maintenance",
             ",".join(map(str, list(ids)[:20])),
             ",".join(map(str, list(upstreams)[:20])),

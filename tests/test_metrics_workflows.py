@@ -15,8 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 import pgqueue
 from pgqueue import reads
 from pgqueue.dashboard import dashboard_data
-from pgqueue.metrics import live_workflows, render
+from pgqueue.metrics import render
 from pgqueue.models import Job
+from pgqueue.reads import live_workflows
 from pgqueue.testing import run_jobs
 from tests.api_fixtures import client, new_key
 from tests.test_bounded_reads import explain, large_reads
