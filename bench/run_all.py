@@ -40,6 +40,7 @@ RUNS = [
     ("claim_shape", "14. The claim path's shape"),
     ("keys", "15. Concurrency keys and sequences"),
     ("workflows", "16. Workflows"),
+    ("tracing", "17. Tracing: throughput with OpenTelemetry off and on"),
 ]
 
 

@@ -177,3 +177,114 @@ def throughput_chart_svg(buckets: Sequence[Bucket], *, title: str = "Attempts pe
         )
     out.append("</svg>")
     return "\n".join(out)
+
+
+#: Colours of the wait chart: the p95 bar, and the p50 mark on it.
+WAIT_P95_COLOR = "#447e9b"
+WAIT_P50_COLOR = "#1f3f4f"
+_WAIT_LEFT, _WAIT_ROW, _WAIT_TOP, _WAIT_BOTTOM = 150, 22, 30, 40
+
+
+def _nice_seconds(peak: float, ticks: int = 4) -> tuple[float, float]:
+    """The x axis' end and tick step for seconds: a 1, 2, 2.5 or 5 step times a power of ten
+    (fractions of a second included), so a wait of 30 ms and one of 30 s both fill the axis."""
+    if peak <= 0:
+        return 1.0, 0.25
+    raw = peak / ticks
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    return step * math.ceil(peak / step - 1e-9), step
+
+
+def _seconds_label(value: float) -> str:
+    """A tick of the wait chart: "250 ms", "1.5 s"."""
+    if value == 0:
+        return "0"
+    if value < 1:
+        return f"{value * 1000:.4g} ms"
+    return f"{value:.4g} s"
+
+
+def wait_chart_svg(rows: Sequence[tuple[str, float, float, int]]) -> str:
+    """Draw each tenant's wait (runnable to start) as a bar to its p95 with a mark at its
+    p50, one row per tenant, as inline SVG: ``rows`` are ``(label, p50, p95, attempts)``.
+
+    A tenant starved by its neighbours shows as a bar far longer than the others; a fair
+    queue draws bars of about the same length (weights aside). Every text is escaped, so
+    the result can be marked safe.
+    """
+    w = CHART_WIDTH
+    plot_w = w - _WAIT_LEFT - _RIGHT
+    h = _WAIT_TOP + _WAIT_ROW * max(1, len(rows)) + _WAIT_BOTTOM
+    top, step = _nice_seconds(max([0.0, *(p95 for _, _, p95, _ in rows)]))
+    base = _WAIT_TOP + _WAIT_ROW * max(1, len(rows))
+
+    def x(value: float) -> float:
+        return _WAIT_LEFT + plot_w * value / top
+
+    label = "Wait from runnable to start by tenant (p95 bar, p50 mark)"
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="pgq-chart pgq-wait-chart" '
+        f'viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
+        f'aria-label="{escape(label)}">',
+        f"<title>{escape(label)}</title>",
+    ]
+    ticks = round(top / step)
+    for i in range(ticks + 1):
+        value = step * i
+        xx = _fmt(x(value))
+        out.append(
+            f'<line class="pgq-grid" x1="{xx}" x2="{xx}" y1="{_WAIT_TOP}" y2="{base}" '
+            f'stroke="#dddddd" stroke-width="1"/>'
+        )
+        out.append(
+            f'<text class="pgq-axis-label" x="{xx}" y="{base + 16}" text-anchor="middle" '
+            f'font-size="{AXIS_FONT_SIZE}" fill="{AXIS_COLOR}">'
+            f"{escape(_seconds_label(value))}</text>"
+        )
+    for i, (name, p50, p95, attempts) in enumerate(rows):
+        y0 = _WAIT_TOP + _WAIT_ROW * i
+        name_text = name if len(name) <= 22 else name[:21] + "…"
+        out.append(
+            f'<text class="pgq-axis-label pgq-wait-tenant" x="{_WAIT_LEFT - 6}" '
+            f'y="{_fmt(y0 + _WAIT_ROW / 2)}" text-anchor="end" dominant-baseline="middle" '
+            f'font-size="{AXIS_FONT_SIZE}" fill="{AXIS_COLOR}">{escape(name_text)}</text>'
+        )
+        tip = f"{name}: p50 {_seconds_label(p50)}, p95 {_seconds_label(p95)} ({attempts} attempts)"
+        out.append(
+            f'<rect class="pgq-wait-p95" x="{_WAIT_LEFT}" y="{_fmt(y0 + 4)}" '
+            f'width="{_fmt(max(1.0, x(p95) - _WAIT_LEFT))}" height="{_WAIT_ROW - 8}" '
+            f'fill="{WAIT_P95_COLOR}"><title>{escape(tip)}</title></rect>'
+        )
+        out.append(
+            f'<line class="pgq-wait-p50" x1="{_fmt(x(p50))}" x2="{_fmt(x(p50))}" '
+            f'y1="{_fmt(y0 + 2)}" y2="{_fmt(y0 + _WAIT_ROW - 2)}" stroke="{WAIT_P50_COLOR}" '
+            f'stroke-width="3"/>'
+        )
+    out.append(
+        f'<path class="pgq-axis" d="M{_WAIT_LEFT},{_WAIT_TOP} V{base} H{w - _RIGHT}" '
+        f'fill="none" stroke="{AXIS_COLOR}" stroke-width="1"/>'
+    )
+    out.append(
+        f'<text class="pgq-axis-title" x="{_WAIT_LEFT + plot_w / 2:.0f}" y="{h - 6}" '
+        f'text-anchor="middle" font-size="12" fill="{AXIS_COLOR}">'
+        f"wait from runnable to start</text>"
+    )
+    out.append(
+        f'<rect x="{_WAIT_LEFT}" y="8" width="12" height="12" fill="{WAIT_P95_COLOR}"/>'
+        f'<text class="pgq-legend" x="{_WAIT_LEFT + 17}" y="18" font-size="12" '
+        f'fill="{AXIS_COLOR}">p95</text>'
+        f'<line x1="{_WAIT_LEFT + 60}" x2="{_WAIT_LEFT + 60}" y1="7" y2="21" '
+        f'stroke="{WAIT_P50_COLOR}" stroke-width="3"/>'
+        f'<text class="pgq-legend" x="{_WAIT_LEFT + 66}" y="18" font-size="12" '
+        f'fill="{AXIS_COLOR}">p50</text>'
+    )
+    if not rows:
+        out.append(
+            f'<text class="pgq-empty" x="{_WAIT_LEFT + plot_w / 2:.0f}" '
+            f'y="{_fmt(_WAIT_TOP + _WAIT_ROW / 2)}" text-anchor="middle" '
+            f'dominant-baseline="middle" font-size="13" fill="{AXIS_COLOR}">'
+            f"No attempt started and finished in the last hour</text>"
+        )
+    out.append("</svg>")
+    return "\n".join(out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import re
 from importlib import import_module
 from typing import Any
@@ -227,6 +228,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("RESULT_RECHECK_SECONDS", 0.01, False),
         ("LIMITS_GATE_BATCH", 1, True),
         ("METRICS_LIMIT_SERIES", 1, True),
+        ("METRICS_TENANT_SERIES", 0, True),
+        ("METRICS_TENANT_IDLE_SECONDS", 1, False),
+        ("HEALTH_STALL_SECONDS", 1, False),
         ("KEY_ADMIT_BATCH", 1, True),
         ("PERIODIC_MIN_INTERVAL_SECONDS", 1, True),
     ]:
@@ -249,6 +253,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
             problem = "PGQUEUE['DEFAULT_TIMEOUT_SECONDS'] must be at most MAX_TIMEOUT_SECONDS."
         if problem:
             problems.append(problem)
+    if s.LOG_FORMAT not in ("logfmt", "json"):
+        problems.append(
+            f'PGQUEUE[\'LOG_FORMAT\'] must be "logfmt" or "json", got {s.LOG_FORMAT!r}.'
+        )
+    if not isinstance(s.TRACING, bool):
+        problems.append(f"PGQUEUE['TRACING'] must be True or False, got {s.TRACING!r}.")
+    if s.HEALTH_DIR is not None and not isinstance(s.HEALTH_DIR, str | os.PathLike):
+        problems.append(f"PGQUEUE['HEALTH_DIR'] must be a path or None, got {s.HEALTH_DIR!r}.")
     dma = s.DEFAULT_MAX_ATTEMPTS
     if isinstance(dma, bool) or not isinstance(dma, int) or not 1 <= dma <= 100:
         problems.append(f"PGQUEUE['DEFAULT_MAX_ATTEMPTS'] must be an integer 1..100, got {dma!r}.")

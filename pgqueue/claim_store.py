@@ -44,6 +44,13 @@ class ClaimedJob:
     lost_claims: int = 0
     #: Its concurrency key (None: none); its exit gives a slot of the key back (KEY_SETTLE).
     concurrency_key: str | None = None
+    #: The workflow it is a step of and the step's name (None: none).
+    workflow_id: int | None = None
+    step: str | None = None
+    #: The W3C trace context it was enqueued in (None: none recorded): its attempt's span
+    #: is a child of it (pgqueue.tracing).
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 def lease(lease_seconds: float | None) -> float:
@@ -100,7 +107,7 @@ def _params(
 
 def _jobs(rows: Sequence[Sequence[Any]]) -> list[ClaimedJob]:
     """The claimed jobs of JOB_CLAIM's rows, best first."""
-    jobs = [ClaimedJob(r[0], r[1], json.loads(r[2]), *r[3:14]) for r in rows]
+    jobs = [ClaimedJob(r[0], r[1], json.loads(r[2]), *r[3:18]) for r in rows]
     jobs.sort(key=lambda j: (-j.priority, j.vtime, j.id))
     return jobs
 

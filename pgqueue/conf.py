@@ -208,6 +208,30 @@ DEFAULTS: dict[str, Any] = {
     # The cap per key (1..10,000) of a job with a concurrency key when neither its task nor
     # the enqueue says: 1 makes the key a sequence.
     "DEFAULT_KEY_MAX_RUNNING": 1,
+    # Seeing inside: docs/how-to/tracing.md, docs/how-to/health-probes.md, docs/how-to/operate.md.
+    # OpenTelemetry (pgqueue.tracing): when opentelemetry-api is installed and this is True,
+    # an enqueue runs in a producer span whose context the job records, and the worker runs
+    # each attempt in a span that is its child. False turns both off whatever is installed.
+    "TRACING": True,
+    # The format of runworker's log lines when the project configured no logging handler:
+    # "logfmt" (key=value) or "json" (one object a line, with trace and span ids when a
+    # span is current).
+    "LOG_FORMAT": "logfmt",
+    # Where each worker process writes its health file for `manage.py pgqueue healthcheck`
+    # (None: a pgqueue-health directory in the system's temporary directory).
+    "HEALTH_DIR": None,
+    # Seconds a worker's loop may go without a turn (a claim, an idle wait ending, a
+    # heartbeat, a reconnection attempt) before the healthcheck's liveness fails: a wedged
+    # loop is caught within it. A third of it bounds how long the loop's connection waits
+    # on a server gone silent (TCP keepalives, tcp_user_timeout: pgqueue.worker.health).
+    # Keep it well above 10 s, the worker's connect timeout.
+    "HEALTH_STALL_SECONDS": 60.0,
+    # Tenants per queue with series of their own in the pgqueue_tenant_* histograms of
+    # /metrics; the others are summed as tenant="(other)".
+    "METRICS_TENANT_SERIES": 20,
+    # Seconds a tenant may run no job in a queue before it gives its place among the queue's
+    # METRICS_TENANT_SERIES up (its series end; another tenant may take the place).
+    "METRICS_TENANT_IDLE_SECONDS": 3600.0,
 }
 
 #: What each setting means, for the settings reference of the documentation site
@@ -396,6 +420,32 @@ HELP: dict[str, str] = {
     ),
     "DEFAULT_KEY_MAX_RUNNING": (
         "Cap of a keyed job when neither its task nor the enqueue says (1..10,000)"
+    ),
+    "TRACING": (
+        "With `opentelemetry-api` installed (the `otel` extra): each enqueue is a producer "
+        "span whose trace context the job records, and each attempt runs in a span that is "
+        "its child; `False` turns tracing off"
+    ),
+    "LOG_FORMAT": (
+        '`"logfmt"` or `"json"`: runworker\'s log lines when the project configured no '
+        "logging handler (JSON carries `trace_id` and `span_id` inside a span)"
+    ),
+    "HEALTH_DIR": (
+        "Directory of the worker processes' health files, read by `manage.py pgqueue "
+        "healthcheck`; `None` means `pgqueue-health` in the system's temporary directory"
+    ),
+    "HEALTH_STALL_SECONDS": (
+        "Seconds a worker's loop may make no turn before `healthcheck --liveness` fails; "
+        "a third of it bounds the wait of the worker's connection on a silent server (TCP "
+        "keepalives), so that a vanished server does not stall the loop. Keep it above 10 s"
+    ),
+    "METRICS_TENANT_SERIES": (
+        "Tenants per queue with series of their own in `/metrics`' per-tenant wait and run "
+        'histograms; the rest are summed as `tenant="(other)"`'
+    ),
+    "METRICS_TENANT_IDLE_SECONDS": (
+        "Seconds a tenant may run no job in a queue before it gives its per-tenant series "
+        "there up to another tenant"
     ),
 }
 

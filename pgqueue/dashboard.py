@@ -11,14 +11,15 @@ table grows. The reads are ``pgqueue.reads``'s, which state their costs. In shor
 * the live rows only (queued, scheduled) through the partial indexes the claim and promote
   statements use, for the backlog and the oldest runnable job;
 * the last hour of ``pgqueue_job_attempt`` through its ``finished_at`` index, joined to the
-  jobs for their tenant and task, for throughput, failures, shares and run times;
+  jobs for their tenant and task, for throughput, failures, shares, run times and each
+  busy tenant's wait from runnable to start (its p50, p95 and longest: fairness, seen);
 * ``pgqueue_worker``, which maintenance keeps to the workers seen within a day;
 * the queues with runnable jobs that no live worker serves: one probe of the claim index
   per queue (``liveness.unserved_queues``);
 * the limit rows (``pgqueue_limit``, one per scope an operator limited) of the queues and of
   the tenants shown, for their running / max_running, rate limits and pauses.
 
-The number of queries is fixed (eleven), whatever the number of jobs, tenants or queues.
+The number of queries is fixed (twelve), whatever the number of jobs, tenants or queues.
 The data is gathered by ``dashboard_data`` and drawn by ``pgqueue.chart`` so both can be
 tested without a browser.
 """
@@ -36,7 +37,7 @@ from django.utils.formats import number_format
 from django.utils.safestring import mark_safe
 
 from . import limit_reads, liveness, reads
-from .chart import throughput_chart_svg
+from .chart import throughput_chart_svg, wait_chart_svg
 from .durations import format_seconds
 from .models import Status
 
@@ -47,6 +48,10 @@ REFRESH_SECONDS = 10
 WINDOW_MINUTES = 60
 #: Rows of the backlog-by-tenant table.
 TOP_TENANTS = 10
+#: Tenants of the wait-by-tenant table and chart (the busiest; the others as one row).
+WAIT_TENANTS = 10
+#: The label of that row.
+OTHER_TENANTS = "(other tenants)"
 #: Rows of the slowest-tasks table.
 TOP_TASKS = 10
 #: Most workers listed (the alive first); the counts above the list cover them all.
@@ -178,6 +183,30 @@ def _slowest(since: dt.datetime, until: dt.datetime, using: str | None) -> list[
     ]
 
 
+def _waits(since: dt.datetime, until: dt.datetime, using: str | None) -> list[dict[str, Any]]:
+    """The ``WAIT_TENANTS`` tenants with the most attempts that started and finished in the
+    window, each with its wait from runnable to the handler's start (p50, p95, longest) and
+    its run time's p95; the other tenants together last. Side by side they say whether
+    every tenant is served on time: under fair scheduling a small tenant's p95 stays near
+    the others' however large a neighbour's backlog."""
+    return [
+        {
+            "tenant": row.tenant,
+            "label": row.tenant if row.tenant is not None else OTHER_TENANTS,
+            "attempts": row.attempts,
+            "wait_p50_seconds": row.wait_p50,
+            "wait_p95_seconds": row.wait_p95,
+            "wait_max_seconds": row.wait_max,
+            "run_p95_seconds": row.run_p95,
+            "wait_p50": format_seconds(row.wait_p50),
+            "wait_p95": format_seconds(row.wait_p95),
+            "wait_max": format_seconds(row.wait_max),
+            "run_p95": format_seconds(row.run_p95),
+        }
+        for row in reads.tenant_waits(since, until, WAIT_TENANTS, using=using)
+    ]
+
+
 def _workers(now: dt.datetime, using: str | None) -> dict[str, Any]:
     """Worker counts (alive, stale, stopped; see ``liveness.worker_state``) and the first
     ``WORKERS_SHOWN`` workers, the alive ones first."""
@@ -201,7 +230,7 @@ def dashboard_data(now: dt.datetime | None = None, *, using: str | None = None) 
     """Everything the page shows, as plain numbers (and a few display strings).
 
     ``now`` is injectable so tests can place attempts in chosen minutes; it defaults to the
-    application's clock. Eleven queries, whatever the size of the tables.
+    application's clock. Twelve queries, whatever the size of the tables.
     """
     now = (now or timezone.now()).astimezone(dt.UTC)
     since, until = window(now)
@@ -225,6 +254,7 @@ def dashboard_data(now: dt.datetime | None = None, *, using: str | None = None) 
         "failed_in_chart": sum(b.failed for b in buckets),
         "workers": _workers(now, using),
         "slowest": _slowest(since, until, using),
+        "waits": _waits(since, until, using),
     }
 
 
@@ -248,6 +278,12 @@ def dashboard_view(request: HttpRequest, context: dict[str, Any]) -> HttpRespons
         raise PermissionDenied
     data = dashboard_data()
     chart = throughput_chart_svg(data["buckets"])
+    waits = wait_chart_svg(
+        [
+            (w["label"], w["wait_p50_seconds"], w["wait_p95_seconds"], w["attempts"])
+            for w in data["waits"]
+        ]
+    )
     return render(
         request,
         TEMPLATE,
@@ -256,8 +292,10 @@ def dashboard_view(request: HttpRequest, context: dict[str, Any]) -> HttpRespons
             "title": "pgqueue dashboard",
             "d": data,
             "chart": mark_safe(chart),  # every text in it is escaped
+            "wait_chart": mark_safe(waits),  # likewise
             "refresh_seconds": REFRESH_SECONDS,
             "window_minutes": WINDOW_MINUTES,
+            "wait_tenants": WAIT_TENANTS,
             "statuses": [
                 (s.label, s.value, count_label(data["statuses"].get(s.value, 0))) for s in Status
             ],

@@ -10,6 +10,9 @@ partial indexes), and for the finished ones (done, dead, cancelled) counts up to
 work come from ``pgqueue_job_outcomes``, which is exact and monotonic). The outcome
 counters and run-time histograms come from pgqueue_task_stat, which maintenance keeps up to
 date from the attempt history, so they are monotonic and cost a few rows per task to read.
+The per-tenant wait and run-time histograms (``pgqueue_tenant_wait_seconds``,
+``pgqueue_tenant_run_seconds``) come the same way from pgqueue_tenant_stat, whose rows are
+bounded: METRICS_TENANT_SERIES tenants a queue, the rest summed as "(other)".
 ``pgqueue_workflows_live`` counts the workflows with an unfinished job from the partial
 index of live workflow jobs (pgqueue_job_workflow_live): finished workflows cost nothing.
 """
@@ -36,6 +39,9 @@ from .conf import pgqueue_settings, queue_db
 from .models import RUN_TIME_BUCKETS, TaskStat
 
 TOP_TENANTS = 20
+#: The tenant label of the per-tenant histograms' "other" series: not a valid tenant name,
+#: so it can never be mistaken for one.
+OTHER_TENANTS = "(other)"
 
 
 class PgQueueCollector(Collector):
@@ -94,6 +100,7 @@ class PgQueueCollector(Collector):
             value=reads.live_workflows(),
         )
         yield from self._task_stats()
+        yield from self._tenant_stats()
 
     def _limits(self, counts: dict[str, dict[str, int]]) -> Iterator[GaugeMetricFamily]:
         """Each limited scope's counter, cap, rate and pause (at most METRICS_LIMIT_SERIES
@@ -173,6 +180,38 @@ class PgQueueCollector(Collector):
             )
         yield outcomes
         yield run_time
+
+    def _tenant_stats(self) -> Iterator[HistogramMetricFamily]:
+        """The wait from runnable to the handler's start and the run time of started
+        attempts, by queue and tenant, from the totals maintenance folds: at most
+        METRICS_TENANT_SERIES tenants a queue have series of their own, the others are
+        summed in tenant="(other)" (TENANT_STAT_FOLD says which). Attempts appear here some
+        seconds after they finish."""
+        rows: dict[tuple[str, str, str], dict[float, tuple[int, float]]] = defaultdict(dict)
+        for queue, tenant, kind, le, count, seconds in reads.tenant_stats():
+            rows[(kind, queue, tenant or OTHER_TENANTS)][le] = (count, seconds)
+        families = {
+            "wait": HistogramMetricFamily(
+                "pgqueue_tenant_wait_seconds",
+                "Wait from runnable (enqueued, due, backoff ended) to the handler's start, by "
+                f'queue and tenant (the busiest METRICS_TENANT_SERIES, the rest "{OTHER_TENANTS}")',
+                labels=["queue", "tenant"],
+            ),
+            "run": HistogramMetricFamily(
+                "pgqueue_tenant_run_seconds",
+                "Run time of started attempts, by queue and tenant (the busiest "
+                f'METRICS_TENANT_SERIES, the rest "{OTHER_TENANTS}")',
+                labels=["queue", "tenant"],
+            ),
+        }
+        for (kind, queue, tenant), by_bound in sorted(rows.items()):
+            cumulative, running = [], 0
+            for bound in RUN_TIME_BUCKETS:
+                running += by_bound.get(bound, (0, 0.0))[0]
+                cumulative.append(("+Inf" if bound == float("inf") else repr(bound), running))
+            total = sum(seconds for _, seconds in by_bound.values())
+            families[kind].add_metric([queue, tenant], cumulative, sum_value=total)
+        yield from families.values()
 
 
 _registered = False

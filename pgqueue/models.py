@@ -256,6 +256,11 @@ class Job(models.Model):
     failed_upstream_id = models.BigIntegerField(
         null=True, blank=True, help_text="the dependency whose end cancelled this job"
     )
+    # The W3C trace context of the code that enqueued it (pgqueue.tracing): the worker runs
+    # each attempt in a span linked to it. NULL when OpenTelemetry is absent or no span was
+    # current. Both bounded by the W3C Trace Context limits (55 and 512 characters).
+    traceparent = models.CharField(max_length=55, null=True, blank=True)
+    tracestate = models.CharField(max_length=512, null=True, blank=True)
 
     class Meta:
         db_table = "pgqueue_job"
@@ -486,6 +491,10 @@ class JobAttempt(models.Model):
     claimed_at = models.DateTimeField(null=True)
     started_at = models.DateTimeField(null=True)
     finished_at = models.DateTimeField(db_default=Now())
+    # When the job became runnable for this attempt (its run_at then: the enqueue, the
+    # scheduled time, the end of a retry's backoff, a workflow step's release): the wait
+    # the tenant saw is started_at - due_at. NULL for attempts recorded before it existed.
+    due_at = models.DateTimeField(null=True)
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
     error = models.TextField(null=True, blank=True)
     traceback = models.TextField(null=True, blank=True)
@@ -549,6 +558,44 @@ class TaskStat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task} {self.outcome} ≤{self.le}s: {self.count}"
+
+
+class TenantStat(models.Model):
+    """Running totals of started attempts by queue and tenant: the wait from runnable to the
+    handler's start, and the run time, in the buckets of ``RUN_TIME_BUCKETS``.
+
+    Maintenance folds new attempt rows into it with the per-task totals (same mark, same
+    transaction). ``tenant`` is a tenant's name while the tenant holds one of its queue's
+    ``PGQUEUE["METRICS_TENANT_SERIES"]`` places, else ``""`` ("other"): the rows, and so the
+    series /metrics exports, stay bounded however many tenants there are. A tenant takes a
+    free place when a fold meets it (the busiest of the fold first) and gives it up when
+    idle for ``METRICS_TENANT_IDLE_SECONDS``; "other" only ever grows, so every exported
+    series is a true counter.
+    """
+
+    queue = models.CharField(max_length=NAME_MAX)
+    tenant = models.CharField(max_length=NAME_MAX, blank=True)
+    kind = models.CharField(max_length=8, help_text="wait or run")
+    le = models.FloatField(help_text="the bucket's upper bound, in seconds")
+    count = models.BigIntegerField(default=0)
+    seconds = models.FloatField(default=0.0)
+    #: The last fold that added to the row: a tenant none of whose rows was added to for
+    #: METRICS_TENANT_IDLE_SECONDS gives its series up (TENANT_STAT_RELEASE_IDLE).
+    folded_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgqueue_tenant_stat"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "tenant", "kind", "le"], name="pgqueue_tenant_stat_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(kind__in=["wait", "run"]), name="pgqueue_tenant_stat_kind_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.tenant or '(other)'} {self.kind} ≤{self.le}s: {self.count}"
 
 
 class StatMark(models.Model):

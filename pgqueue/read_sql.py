@@ -30,7 +30,10 @@ tenant_done_share (annot.)     the last hour's done attempts (pgqueue_attempt_  
 top_backlogs                   TENANT_BACKLOG_TOP                                     no
 top_backlogs_with_share        TENANT_BACKLOG_TOP_WITH_SHARE                          no
 recent_attempts, throughput_   a window of pgqueue_job_attempt through pgqueue_       no
-buckets, slowest_tasks         attempt_finished (slowest: joined to jobs by pk)
+buckets, slowest_tasks,        attempt_finished (slowest, tenant_waits: joined to
+tenant_waits                   jobs by pk; TENANT_WAIT_TOP)
+tenant_stats                   pgqueue_tenant_stat: at most (METRICS_TENANT_SERIES    no
+                               + 1) x 2 x buckets rows a queue
 workers_alive, workers_        pgqueue_worker, pruned by maintenance to a day         no
 overview
 row_estimate                   TABLE_ROW_ESTIMATE (one pg_class row)                  no
@@ -398,4 +401,38 @@ UNION ALL
 SELECT 'dependent', job_id FROM (
     SELECT job_id FROM pgqueue_job_dependency WHERE upstream_id = %(id)s
      ORDER BY job_id LIMIT %(limit)s) d
+"""
+
+# -- name: TENANT_WAIT_TOP
+# The wait from runnable to the handler's start (started_at - due_at) and the run time of
+# the attempts that finished in [%(since)s, %(until)s) having started, for the %(limit)s
+# tenants with the most of them (ties by name), and for all the others together (tenant
+# NULL, "other"): (tenant, attempts, wait p50, wait p95, wait max, run p95), in seconds,
+# busiest first, "other" last. Attempts recorded before due_at existed are left out.
+# Reads: the window's attempts through pgqueue_attempt_finished, joined to their jobs by
+#   primary key (or one hashed scan when the planner reckons the window a large part of
+#   the table), as TENANT_BACKLOG_TOP_WITH_SHARE does.
+# Called by reads.tenant_waits for the dashboard's wait-by-tenant table and chart.
+TENANT_WAIT_TOP = """
+WITH started AS MATERIALIZED (
+    SELECT j.tenant,
+           GREATEST(extract(epoch FROM a.started_at - a.due_at)::float8, 0) AS wait,
+           GREATEST(extract(epoch FROM a.finished_at - a.started_at)::float8, 0) AS run
+      FROM pgqueue_job_attempt a
+      JOIN pgqueue_job j ON j.id = a.job_id
+     WHERE a.finished_at >= %(since)s AND a.finished_at < %(until)s
+       AND a.started_at IS NOT NULL AND a.due_at IS NOT NULL
+),
+top AS MATERIALIZED (
+    SELECT tenant FROM started GROUP BY tenant ORDER BY count(*) DESC, tenant LIMIT %(limit)s
+)
+SELECT t.tenant, count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY s.wait),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY s.wait),
+       max(s.wait),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY s.run)
+  FROM started s
+  LEFT JOIN top t ON t.tenant = s.tenant
+ GROUP BY t.tenant
+ ORDER BY t.tenant IS NULL, count(*) DESC, t.tenant
 """

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connections, transaction
 from django.db.models import (
@@ -47,6 +47,7 @@ from .models import (
     QueueWeight,
     Status,
     Tenant,
+    TenantStat,
 )
 
 #: The jobs waiting to run: runnable now, or later (delayed, backing off).
@@ -412,6 +413,41 @@ def slowest_tasks(
     return [
         (task, n, mean.total_seconds(), longest.total_seconds()) for task, n, mean, longest in rows
     ]
+
+
+class TenantWait(NamedTuple):
+    """One row of the dashboard's wait-by-tenant table (seconds; ``tenant`` None: the
+    tenants past the top ones, together)."""
+
+    tenant: str | None
+    attempts: int
+    wait_p50: float
+    wait_p95: float
+    wait_max: float
+    run_p95: float
+
+
+def tenant_waits(
+    since: dt.datetime, until: dt.datetime, limit: int, *, using: str | None = None
+) -> list[TenantWait]:
+    """How long each of the ``limit`` busiest tenants waited for its jobs to start (from
+    runnable to the handler's start) and how long they ran, over the attempts that finished
+    in the window, and the other tenants together last (TENANT_WAIT_TOP)."""
+    params = {"since": since, "until": until, "limit": limit}
+    with connections[queue_db(using)].cursor() as cursor:
+        cursor.execute(read_sql.TENANT_WAIT_TOP, params)
+        return [TenantWait(*row) for row in cursor.fetchall()]
+
+
+def tenant_stats(*, using: str | None = None) -> list[tuple[str, str, str, float, int, float]]:
+    """The per-tenant wait and run-time totals maintenance folds (pgqueue_tenant_stat):
+    ``(queue, tenant, kind, le, count, seconds)``, tenant "" for "other"; at most
+    (METRICS_TENANT_SERIES + 1) x 2 x buckets rows a queue."""
+    return list(
+        TenantStat.objects.using(queue_db(using))
+        .order_by("queue", "tenant", "kind", "le")
+        .values_list("queue", "tenant", "kind", "le", "count", "seconds")
+    )
 
 
 # -- /stats ------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.utils.dateparse import parse_duration
 
-from . import schedule_store, store, timeouts
+from . import schedule_store, store, timeouts, tracing
 from .conf import pgqueue_settings, queue_db
 from .exceptions import InvalidJob, PgQueueError
 from .registry import RegisteredTask, get_task
@@ -751,19 +751,26 @@ class _Moved(Exception):
 
 def _enqueue_row(cursor: Any, row: schedule_store.DueSchedule, key: str) -> int | None:
     """Enqueue the schedule's job under ``key``; its id, or the id of the job that has the
-    key already (nothing inserted, the tenant's clock refunded; None if since pruned)."""
-    ids, charged = store.enqueue(
-        cursor,
-        task=row.task,
-        tenant=row.tenant,
-        queue=row.queue,
-        priority=row.priority,
-        max_attempts=row.max_attempts,
-        payloads_json=f"[{row.payload_json}]",
-        count=1,
-        idempotency_key=key,
-        timeout=timeouts.for_task(row.task),
-    )
+    key already (nothing inserted, the tenant's clock refunded; None if since pruned).
+    In a producer span (``pgqueue.tracing``): a tick of maintenance starts a trace of its
+    own; "run now" continues the trace of the request that asked for it, if any."""
+    with tracing.enqueue(
+        row.task, queue=row.queue, tenant=row.tenant, schedule=row.name
+    ) as sending:
+        ids, charged = store.enqueue(
+            cursor,
+            task=row.task,
+            tenant=row.tenant,
+            queue=row.queue,
+            priority=row.priority,
+            max_attempts=row.max_attempts,
+            payloads_json=f"[{row.payload_json}]",
+            count=1,
+            idempotency_key=key,
+            timeout=timeouts.for_task(row.task),
+            trace=sending.context,
+        )
+        sending.set(tracing.JOB_ID, ids[0].id if ids else None)
     if ids:
         return ids[0].id
     if charged:

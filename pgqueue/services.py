@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from django.db import connections, transaction
 
-from . import stop_store, store, workflow_store, workflows
+from . import stop_store, store, tracing, workflow_store, workflows
 from .conf import pgqueue_settings, queue_db
 from .exceptions import (
     InvalidJob,
@@ -119,20 +119,38 @@ def enqueue(
     payloads_json = f"[{encode_payload(payload)}]"
     keys = opts.keys([payload])
     deps = workflows.dependency_ids(depends_on)
+    with tracing.enqueue(opts.task, queue=opts.queue, tenant=opts.tenant) as sending:
+        enqueued = _enqueue_one(
+            opts, payload, payloads_json, keys, deps, on_upstream_failure, using, sending.context
+        )
+        sending.set(tracing.JOB_ID, enqueued.job.id)
+    return enqueued
+
+
+def _enqueue_one(
+    opts: JobOptions,
+    payload: Any,
+    payloads_json: str,
+    keys: list[str | None] | None,
+    deps: list[int],
+    on_upstream_failure: str,
+    using: str | None,
+    trace: tracing.TraceContext | None,
+) -> Enqueued:
     if deps:
         return _enqueue_waiting(
-            opts, payload, payloads_json, keys, deps, on_upstream_failure, using
+            opts, payload, payloads_json, keys, deps, on_upstream_failure, using, trace
         )
     if opts.idempotency_key is None:
         with connections[queue_db(using)].cursor() as cursor:
-            (new,), _ = _insert(cursor, opts, payloads_json, 1, keys)
-        return Enqueued(_job(new, opts, payload, using, keys), True)
+            (new,), _ = _insert(cursor, opts, payloads_json, 1, keys, trace=trace)
+        return Enqueued(_job(new, opts, payload, using, keys, trace), True)
 
     # A savepoint makes the refund below exact: the clock row stays locked until it ends.
     with transaction.atomic(using=queue_db(using)), connections[queue_db(using)].cursor() as cursor:
-        inserted, charged = _insert(cursor, opts, payloads_json, 1, keys)
+        inserted, charged = _insert(cursor, opts, payloads_json, 1, keys, trace=trace)
         if inserted:
-            return Enqueued(_job(inserted[0], opts, payload, using, keys), True)
+            return Enqueued(_job(inserted[0], opts, payload, using, keys, trace), True)
         if charged:
             store.refund_clock(
                 cursor,
@@ -194,7 +212,13 @@ def enqueue_many(
     run_anyway = _run_anyway(on_upstream_failure)
     ids: list[int] = []
     db = queue_db(using)
-    with transaction.atomic(using=db), connections[db].cursor() as cursor:
+    with (
+        tracing.enqueue(
+            opts.task, queue=opts.queue, tenant=opts.tenant, count=len(encoded)
+        ) as sending,
+        transaction.atomic(using=db),
+        connections[db].cursor() as cursor,
+    ):
         workflows.check_dependencies(cursor, deps, opts.tenant)
         for start in range(0, len(encoded), MAX_BATCH):
             chunk = encoded[start : start + MAX_BATCH]
@@ -207,6 +231,7 @@ def enqueue_many(
                 chunk_keys,
                 waiting=bool(deps),
                 run_anyway=run_anyway,
+                trace=sending.context,
             )
             ids.extend(new.id for new in inserted)
         if deps:
@@ -229,6 +254,7 @@ def _enqueue_waiting(
     deps: list[int],
     on_upstream_failure: str,
     using: str | None,
+    trace: tracing.TraceContext | None = None,
 ) -> Enqueued:
     """``enqueue`` of a job with dependencies: inserted waiting with its edges, settled
     once the caller's transaction commits (it may run at once if they have all ended)."""
@@ -237,13 +263,13 @@ def _enqueue_waiting(
     with transaction.atomic(using=db), connections[db].cursor() as cursor:
         workflows.check_dependencies(cursor, deps, opts.tenant)
         inserted, _ = _insert(
-            cursor, opts, payloads_json, 1, keys, waiting=True, run_anyway=run_anyway
+            cursor, opts, payloads_json, 1, keys, waiting=True, run_anyway=run_anyway, trace=trace
         )
         if inserted:
             new = inserted[0].id
             workflow_store.insert_dependencies(cursor, [(new, u) for u in deps])
             transaction.on_commit(partial(workflows.settle_after_commit, db, ids=[new]), using=db)
-            job = _job(inserted[0], opts, payload, using, keys)
+            job = _job(inserted[0], opts, payload, using, keys, trace)
             job.status, job.run_on_upstream_failure = Status.WAITING, run_anyway
             return Enqueued(job, True)
     existing = Job.objects.using(db).get(
@@ -261,6 +287,7 @@ def _insert(
     *,
     waiting: bool = False,
     run_anyway: bool = False,
+    trace: tracing.TraceContext | None = None,
 ) -> tuple[list[store.NewJob], bool]:
     return store.enqueue(
         cursor,
@@ -279,6 +306,7 @@ def _insert(
         key_max_running=opts.key_max_running,
         waiting=waiting,
         run_anyway=run_anyway,
+        trace=trace,
     )
 
 
@@ -288,6 +316,7 @@ def _job(
     payload: Any,
     using: str | None,
     keys: list[str | None] | None = None,
+    trace: tracing.TraceContext | None = None,
 ) -> Job:
     """The new job as a model instance, complete without reading it back: what the caller
     gave, and what the enqueue statement returned (id, run_at, created_at, vtime)."""
@@ -310,6 +339,9 @@ def _job(
     if keys and keys[0] is not None:
         job.concurrency_key, job.key_max_running = keys[0], opts.key_max_running
         job.key_state, job.gated = KeyState.NEW, None
+    if trace is not None and tracing.well_formed(trace.traceparent):  # as store.enqueue kept it
+        job.traceparent = trace.traceparent
+        job.tracestate = tracing.bounded_tracestate(trace.tracestate)
     job._state.adding = False
     job._state.db = queue_db(using)
     return job

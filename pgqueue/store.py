@@ -20,6 +20,7 @@ from .claim_store import lease as _lease
 from .conf import pgqueue_settings
 from .exceptions import TooManyQueues
 from .fairness import fifo_param, statement
+from .tracing import TraceContext, bounded_tracestate, well_formed
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,7 @@ def enqueue(
     workflow: int | None = None,
     steps: Sequence[str | None] | None = None,
     run_anyway: bool = False,
+    trace: TraceContext | None = None,
 ) -> tuple[list[NewJob], bool]:
     """Insert ``count`` jobs whose payloads are the JSON array ``payloads_json``.
 
@@ -97,7 +99,12 @@ def enqueue(
     ``waiting``: the jobs wait for their dependencies (status 'waiting', run_at ``run_at``
     or now; pgqueue.workflows), in ``workflow`` under the names ``steps``, and run even
     when a dependency fails if ``run_anyway``. The caller inserts their dependencies.
+    ``trace``: the W3C trace context the jobs record (``pgqueue.tracing``); a traceparent
+    that is not well formed is not stored, nor then its tracestate.
     """
+    traceparent = tracestate = None
+    if trace is not None and well_formed(trace.traceparent):
+        traceparent, tracestate = trace.traceparent, bounded_tracestate(trace.tracestate)
 
     params = {
         "task": task,
@@ -119,6 +126,8 @@ def enqueue(
         "workflow": workflow,
         "steps": None if steps is None else list(steps),
         "run_anyway": run_anyway,
+        "traceparent": traceparent,
+        "tracestate": tracestate,
     }
     if run_at is None and not waiting:
         known = statement(sql.JOB_ENQUEUE, sql.JOB_ENQUEUE_BY_TIME, params)
@@ -445,4 +454,33 @@ def fold_task_stats(cursor: Any, *, head: int | None = None, limit: int = 10_000
         {"head": head, "limit": limit, "buckets": list(RUN_TIME_BUCKETS)},
     )
     row = cursor.fetchone()
-    return int(row[0]) if row else 0
+    if not row or not row[0]:
+        return 0
+    # The same attempts, by queue and tenant, in the same transaction: folded once, together.
+    fold_tenant_stats(cursor, after=int(row[1]), upto=int(row[2]))
+    return int(row[0])
+
+
+def fold_tenant_stats(cursor: Any, *, after: int, upto: int) -> None:
+    """Fold the attempts with ids in (after, upto] into the per-tenant wait and run-time
+    totals (TENANT_STAT_FOLD); only ``fold_task_stats`` calls it, with the range it folded."""
+    from .models import RUN_TIME_BUCKETS
+
+    cursor.execute(
+        sql.TENANT_STAT_FOLD,
+        {
+            "after": after,
+            "upto": upto,
+            "series": int(pgqueue_settings.METRICS_TENANT_SERIES),
+            "buckets": list(RUN_TIME_BUCKETS),
+        },
+    )
+
+
+def release_idle_tenant_stats(cursor: Any) -> None:
+    """Free the per-tenant series places of tenants idle for METRICS_TENANT_IDLE_SECONDS
+    (TENANT_STAT_RELEASE_IDLE)."""
+    cursor.execute(
+        sql.TENANT_STAT_RELEASE_IDLE,
+        {"idle": float(pgqueue_settings.METRICS_TENANT_IDLE_SECONDS)},
+    )

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 from django.db import connections, transaction
 
-from . import store, workflow_store
+from . import store, tracing, workflow_store
 from .conf import pgqueue_settings, queue_db
 from .exceptions import InvalidJob
 from .job_options import (
@@ -169,13 +169,20 @@ class Workflow:
         tenant = self.tenant if tenant is None else tenant
         plan = _plan(self, tenant)
         db = queue_db(using)
-        with transaction.atomic(using=db), connections[db].cursor() as cursor:
+        with (
+            tracing.enqueue_workflow(
+                self.name, tenant=plan[0].opts.tenant, count=len(plan)
+            ) as sending,
+            transaction.atomic(using=db),
+            connections[db].cursor() as cursor,
+        ):
             external = sorted({u for p in plan for u in p.external})
             check_dependencies(cursor, external, plan[0].opts.tenant if plan else tenant)
             row_id, created_at = workflow_store.insert_workflow(
                 cursor, tenant=plan[0].opts.tenant, name=self.name
             )
-            ids = _insert(cursor, plan, row_id)
+            sending.set(tracing.WORKFLOW_ID, row_id)
+            ids = _insert(cursor, plan, row_id, sending.context)
             workflow_store.insert_dependencies(
                 cursor,
                 [(ids[p.index], ids[u]) for p in plan for u in p.internal]
@@ -372,10 +379,12 @@ def _a_cycle(deps: list[tuple[list[int], list[int]]], left: set[int]) -> list[in
     return [*path[seen[node] :], node][::-1]
 
 
-def _insert(cursor: Any, plan: list[_Planned], workflow: int) -> list[int]:
+def _insert(
+    cursor: Any, plan: list[_Planned], workflow: int, trace: tracing.TraceContext | None
+) -> list[int]:
     """Insert the planned steps, waiting, dependencies first: level by level, each level's
     steps of the same task and options in statements of up to MAX_BATCH jobs. Returns the
-    new ids by plan index."""
+    new ids by plan index. Every step records ``trace``, the workflow's producer span."""
     ids: list[int] = [0] * len(plan)
     by_level: dict[int, dict[tuple[Any, ...], list[_Planned]]] = {}
     for p in plan:
@@ -404,6 +413,7 @@ def _insert(cursor: Any, plan: list[_Planned], workflow: int) -> list[int]:
                     workflow=workflow,
                     steps=[m.name for m in chunk],
                     run_anyway=on_failure == "run",
+                    trace=trace,
                 )
                 for m, new in zip(chunk, inserted, strict=True):
                     ids[m.index] = new.id

@@ -44,7 +44,7 @@ from pgqueue.models import Job, JobAttempt, Worker
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "test-output" / "screenshots"
 #: The screenshots the documentation shows (docs/how-to/operate.md), copied there by each run.
 DOC_SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "images" / "screenshots"
-DOC_SHOTS = {"admin_index", "dashboard", "job_changelist", "job_dead"}
+DOC_SHOTS = {"admin_index", "dashboard", "dashboard_waits", "job_changelist", "job_dead"}
 DASHBOARD_URL = "/admin/pgqueue/dashboard/"
 #: Seconds apt-get may take, update and install together, before the test gives up.
 INSTALL_TIMEOUT = 900
@@ -194,6 +194,28 @@ def screenshot(driver: webdriver.Chrome, name: str) -> Path:
     return path
 
 
+def element_screenshot(driver: webdriver.Chrome, element: Any, name: str) -> Path:
+    """One element of the page, wherever it is on it, as a PNG under
+    test-output/screenshots/ (and the docs')."""
+    box = driver.execute_script(
+        "const r = arguments[0].getBoundingClientRect();"
+        "return {x: r.left + window.scrollX, y: r.top + window.scrollY,"
+        " width: r.width, height: r.height};",
+        element,
+    )
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot",
+        {"format": "png", "captureBeyondViewport": True, "clip": {**box, "scale": 1}},
+    )
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    path.write_bytes(base64.b64decode(shot["data"]))
+    if name in DOC_SHOTS:
+        DOC_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, DOC_SCREENSHOTS / path.name)
+    return path
+
+
 def dead_job() -> int:
     """A job whose only attempt failed for good, in a queue of its own."""
     job, _ = pgqueue.enqueue("test.echo", {"n": 1}, tenant="acme", queue="graveyard")
@@ -246,6 +268,19 @@ def populate() -> None:
              WHERE j.id = a.job_id
             """,
             {"now": timezone.now()},
+        )
+        # And a wait from runnable to start of each tenant's own: umbrella's are the longest.
+        cur.execute(
+            """
+            UPDATE pgqueue_job_attempt a
+               SET due_at = a.started_at - (1 + a.id % 7) * interval '1 second'
+                                         * CASE j.tenant WHEN 'umbrella' THEN 0.9
+                                                         WHEN 'initech' THEN 0.2
+                                                         WHEN 'globex' THEN 0.08
+                                                         ELSE 0.03 END
+              FROM pgqueue_job j
+             WHERE j.id = a.job_id
+            """
         )
     assert JobAttempt.objects.count() == 420
     pgqueue.enqueue_many("test.limited", [{}] * 25, tenant="globex")
@@ -305,6 +340,18 @@ def test_admin_and_dashboard_in_a_real_browser(browser: webdriver.Chrome, live_s
     journal.drain()
     path = screenshot(browser, "dashboard")
     assert path.stat().st_size > 10_000
+    # The wait-by-tenant panel: each tenant's p95, the longest umbrella's, and its chart.
+    panel = browser.find_element(By.ID, "pgq-waits")
+    p95 = {
+        row.get_attribute("data-wait-tenant"): float(
+            row.find_element(By.CSS_SELECTOR, "[data-wait-p95]").get_attribute("data-wait-p95")
+        )
+        for row in panel.find_elements(By.CSS_SELECTOR, "tbody tr")
+    }
+    assert set(p95) == {"acme", "globex", "initech", "umbrella"}
+    assert max(p95, key=p95.get) == "umbrella"
+    assert len(panel.find_elements(By.CSS_SELECTOR, "svg.pgq-wait-chart rect.pgq-wait-p95")) == 4
+    element_screenshot(browser, panel, "dashboard_waits")
     assert browser.find_element(By.TAG_NAME, "h1").text == "pgqueue dashboard"
     refresh = browser.find_element(By.CSS_SELECTOR, 'meta[http-equiv="refresh"]')
     assert 5 <= int(refresh.get_attribute("content")) <= 10

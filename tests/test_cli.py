@@ -92,6 +92,7 @@ def test_every_operator_command_is_a_subcommand_of_pgqueue():
     assert pgqueue_command.SUBCOMMANDS == {
         "worker": pgqueue_command.runworker.Command,
         **cli.SUBCOMMANDS,
+        "healthcheck": cli.PROBES["healthcheck"],  # tests/test_healthcheck.py
         "apikey": ApiKeyCommand,
         "prune": PruneCommand,
     }

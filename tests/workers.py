@@ -194,7 +194,7 @@ def workers(transactional_db: None, tmp_path: Path) -> Iterator[StartWorker]:
 
     ``settings`` become PGQUEUE_<NAME>=<JSON> (the test process's own PGQUEUE_* variables
     are not passed on); ``url`` replaces the test database's DATABASE_URL; ``extra_env`` adds
-    variables. At teardown
+    variables, or replaces those above. At teardown
     every worker started is killed, before the test database is flushed, and its log is
     printed.
     """
@@ -214,8 +214,8 @@ def workers(transactional_db: None, tmp_path: Path) -> Iterator[StartWorker]:
             DJANGO_SETTINGS_MODULE="tests.worker_settings",
             DATABASE_URL=url or test_url,
             PYTHONUNBUFFERED="1",
-            **(extra_env or {}),
         )
+        env.update(extra_env or {})  # which may name other settings (DJANGO_SETTINGS_MODULE)
         for key, value in (settings or {}).items():
             env[f"PGQUEUE_{key}"] = json.dumps(value)
         log_path = tmp_path / f"{name}.log"

@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import keys, pages, reads, services
+from .. import keys, pages, reads, services, tracing
 from ..conf import pgqueue_settings, queue_db
 from ..limits import set_tenant_limits
 from ..models import Job, Status
@@ -156,7 +156,7 @@ class JobsView(PgQueueView):
         depends_on = _depends_on(data)
         on_upstream_failure = _on_upstream_failure(data)
         _check_dependencies(scope, tenant, {"depends_on": depends_on or []})
-        with _delay(data):
+        with _delay(data), tracing.incoming(request.META):
             job, created = services.enqueue(
                 _task(data),
                 data.get("payload", {}),
@@ -304,7 +304,7 @@ class JobBatchView(PgQueueView):
         depends_on = _depends_on(data)
         on_upstream_failure = _on_upstream_failure(data)
         _check_dependencies(scope, tenant, {"depends_on": depends_on or []})
-        with _delay(data):
+        with _delay(data), tracing.incoming(request.META):
             ids = services.enqueue_many(
                 _task(data),
                 payloads,

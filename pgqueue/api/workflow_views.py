@@ -23,7 +23,7 @@ from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from .. import services, workflow_reads
+from .. import services, tracing, workflow_reads
 from ..conf import pgqueue_settings
 from ..exceptions import InvalidJob, UnknownTask
 from ..registry import get_task
@@ -146,7 +146,8 @@ class WorkflowsView(PgQueueView):
             workflow = Workflow(name or "", tenant=tenant, queue=queue, priority=priority)
             for s in steps:
                 workflow.add(s)
-            run = workflow.enqueue(tenant=tenant)
+            with tracing.incoming(request.META):
+                run = workflow.enqueue(tenant=tenant)
         except InvalidJob as exc:
             renamed = _API_NAMES.fullmatch(exc.field)
             if renamed:

@@ -52,7 +52,9 @@ SELECT id FROM pgqueue_limit
 -- name: JOB_CLAIM
 -- Claim up to %(limit)s jobs of the queues %(queues)s for one worker: a lease of %(lease)s
 -- seconds, attempts + 1, each job recording the limit rows it is counted in (limit_ids)
--- and each of those rows counting it (running + 1, a token spent). Returns them.
+-- and each of those rows counting it (running + 1, a token spent). Returns them, with
+-- what running them needs: the workflow step a job is, and the W3C trace context it
+-- recorded at its enqueue (its attempt's span is a child of it: pgqueue.tracing).
 -- Candidates, in claim order (priority DESC, vtime, id):
 -- - open: each queue's best %(limit)s jobs of the claim index (ungated: no tenant limit
 --   applies to them), locked as read; w, pairs: the (queue, tenant) pairs with gated
@@ -130,8 +132,7 @@ candidates AS MATERIALIZED (
      WHERE p.ids <@ ARRAY(SELECT id FROM locked)
 ),
 ranked AS MATERIALIZED (
-    SELECT c.id, k.free, row_number() OVER (PARTITION BY k.id
-                                            ORDER BY c.priority DESC, c.vtime, c.id) AS rank
+    SELECT c.id, k.free, row_number() OVER (PARTITION BY k.id ORDER BY c.priority DESC, c.vtime, c.id) AS rank
       FROM candidates c CROSS JOIN LATERAL unnest(c.ids) AS r(lid) JOIN locked k ON k.id = r.lid
      WHERE c.ids <> '{}'
 ),
@@ -151,7 +152,7 @@ leased AS (
       FROM picked p, at a
      WHERE j.id = p.id
     RETURNING j.id, task, payload::text, tenant, queue, priority, attempts, max_attempts,
-              lease_expires_at, vtime, timeout_seconds, limit_ids, lost_claims, concurrency_key
+              lease_expires_at, vtime, timeout_seconds, limit_ids, lost_claims, concurrency_key, workflow_id, step, traceparent, tracestate
 ),
 counted AS (
     UPDATE pgqueue_limit l

@@ -25,6 +25,9 @@
 --   it: the caller runs the statements again, with a snapshot that shows the deletion).
 -- - The tenant row is created with DO NOTHING, which takes no row lock on an existing
 --   tenant, so enqueues never queue behind a weight change.
+-- - Every job of a statement records the same W3C trace context, %(traceparent)s and
+--   %(tracestate)s (NULL: none; pgqueue.tracing, checked by store.enqueue): the enqueue's
+--   producer span, which its attempts' spans are children of.
 
 
 -- name: JOB_ENQUEUE
@@ -96,13 +99,14 @@ inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
                              timeout_seconds, gated, concurrency_key, key_max_running,
-                             key_state)
+                             key_state, traceparent, tracestate)
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'queued', %(priority)s,
            CASE WHEN %(fifo)s THEN extract(epoch FROM now())::float8 ELSE clock.start + p.ord / clock.w END,
            0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8,
            CASE WHEN k.key IS NULL THEN gate.g END,
            k.key, CASE WHEN k.key IS NOT NULL THEN %(key_max)s::int END,
-           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END
+           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END,
+           %(traceparent)s::text, %(tracestate)s::text
       FROM clock, gate, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
            CROSS JOIN LATERAL (SELECT (%(keys)s::text[])[p.ord] AS key) k
      ORDER BY p.ord
@@ -174,13 +178,14 @@ inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
                              timeout_seconds, gated, charge, concurrency_key,
-                             key_max_running, key_state)
+                             key_max_running, key_state, traceparent, tracestate)
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'queued', %(priority)s,
            CASE WHEN %(fifo)s THEN extract(epoch FROM now())::float8 ELSE clock.start + (p.ord * (SELECT c FROM charge)) / clock.w END,
            0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8,
            CASE WHEN k.key IS NULL THEN gate.g END, (SELECT c FROM charge),
            k.key, CASE WHEN k.key IS NOT NULL THEN %(key_max)s::int END,
-           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END
+           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END,
+           %(traceparent)s::text, %(tracestate)s::text
       FROM clock, gate, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
            CROSS JOIN LATERAL (SELECT (%(keys)s::text[])[p.ord] AS key) k
      ORDER BY p.ord
@@ -288,13 +293,14 @@ inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
                              timeout_seconds, gated, concurrency_key, key_max_running,
-                             key_state)
+                             key_state, traceparent, tracestate)
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'queued', %(priority)s,
            CASE WHEN %(fifo)s THEN extract(epoch FROM now())::float8 ELSE clock.start + p.ord / clock.w END,
            0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8,
            CASE WHEN k.key IS NULL THEN gate.g END,
            k.key, CASE WHEN k.key IS NOT NULL THEN %(key_max)s::int END,
-           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END
+           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END,
+           %(traceparent)s::text, %(tracestate)s::text
       FROM clock, gate, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
            CROSS JOIN LATERAL (SELECT (%(keys)s::text[])[p.ord] AS key) k
      ORDER BY p.ord
@@ -391,13 +397,14 @@ inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
                              timeout_seconds, gated, charge, concurrency_key,
-                             key_max_running, key_state)
+                             key_max_running, key_state, traceparent, tracestate)
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, 'queued', %(priority)s,
            CASE WHEN %(fifo)s THEN extract(epoch FROM now())::float8 ELSE clock.start + (p.ord * (SELECT c FROM charge)) / clock.w END,
            0, %(max_attempts)s, now(), %(idempotency_key)s, %(timeout)s::float8,
            CASE WHEN k.key IS NULL THEN gate.g END, (SELECT c FROM charge),
            k.key, CASE WHEN k.key IS NOT NULL THEN %(key_max)s::int END,
-           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END
+           CASE WHEN k.key IS NULL THEN '' ELSE 'new' END,
+           %(traceparent)s::text, %(tracestate)s::text
       FROM clock, gate, jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
            CROSS JOIN LATERAL (SELECT (%(keys)s::text[])[p.ord] AS key) k
      ORDER BY p.ord
@@ -454,13 +461,15 @@ inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
                              timeout_seconds, gated, concurrency_key, key_max_running, key_state,
-                             workflow_id, step, run_on_upstream_failure)
+                             workflow_id, step, run_on_upstream_failure,
+                             traceparent, tracestate)
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, %(status)s, %(priority)s, NULL,
            0, %(max_attempts)s, COALESCE(%(run_at)s::timestamptz, now()), %(idempotency_key)s, %(timeout)s::float8,
            CASE WHEN k.key IS NULL THEN FALSE END,
            k.key, CASE WHEN k.key IS NOT NULL THEN %(key_max)s::int END,
            CASE WHEN k.key IS NULL THEN '' ELSE 'new' END,
-           %(workflow)s::bigint, (%(steps)s::text[])[p.ord], %(run_anyway)s::boolean
+           %(workflow)s::bigint, (%(steps)s::text[])[p.ord], %(run_anyway)s::boolean,
+           %(traceparent)s::text, %(tracestate)s::text
       FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
            CROSS JOIN LATERAL (SELECT (%(keys)s::text[])[p.ord] AS key) k
      WHERE (SELECT yes FROM known)
@@ -511,13 +520,15 @@ inserted AS (
     INSERT INTO pgqueue_job (queue, tenant, task, payload, status, priority, vtime,
                              attempts, max_attempts, run_at, idempotency_key,
                              timeout_seconds, gated, concurrency_key, key_max_running, key_state,
-                             workflow_id, step, run_on_upstream_failure)
+                             workflow_id, step, run_on_upstream_failure,
+                             traceparent, tracestate)
     SELECT %(queue)s, %(tenant)s, %(task)s, p.payload, %(status)s, %(priority)s, NULL,
            0, %(max_attempts)s, COALESCE(%(run_at)s::timestamptz, now()), %(idempotency_key)s, %(timeout)s::float8,
            CASE WHEN k.key IS NULL THEN FALSE END,
            k.key, CASE WHEN k.key IS NOT NULL THEN %(key_max)s::int END,
            CASE WHEN k.key IS NULL THEN '' ELSE 'new' END,
-           %(workflow)s::bigint, (%(steps)s::text[])[p.ord], %(run_anyway)s::boolean
+           %(workflow)s::bigint, (%(steps)s::text[])[p.ord], %(run_anyway)s::boolean,
+           %(traceparent)s::text, %(tracestate)s::text
       FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, ord)
            CROSS JOIN LATERAL (SELECT (%(keys)s::text[])[p.ord] AS key) k
      WHERE (SELECT admitted FROM admit)

@@ -11,6 +11,10 @@
 -- stay under PostgreSQL's 8,000-byte limit on a payload). PostgreSQL delivers them when
 -- the transaction commits, and drops them when it rolls back. The statement's own rows
 -- come out joined to notified (one row, the count sent), which makes PostgreSQL run it.
+--
+-- Every attempt row carries due_at, the job's run_at as the attempt found it: when the job
+-- became runnable for it (enqueue, scheduled time, end of a backoff, release from waiting).
+-- started_at - due_at is the wait its tenant saw (folded by TENANT_STAT_FOLD).
 
 
 -- name: JOB_COMPLETE_MANY
@@ -54,12 +58,12 @@ done AS (
        AND j.attempts = (%(attempts)s::int[])[array_position(%(ids)s::bigint[], j.id)]
        AND j.status = 'running' AND j.lease_owner = %(worker)s
        AND j.cancel_requested_at IS NULL  -- a cancel request committed first wins
-    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, j.finished_at, j.limit_ids
+    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, j.finished_at, j.limit_ids, j.run_at
 ),
 done_history AS (
     INSERT INTO pgqueue_job_attempt
-           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome)
-    SELECT id, attempts, %(worker)s, claimed_at, started_at, finished_at, 'done' FROM done
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, due_at)
+    SELECT id, attempts, %(worker)s, claimed_at, started_at, finished_at, 'done', run_at FROM done
 ),
 uncount_n AS MATERIALIZED (
     SELECT u.lid, count(*) AS n
@@ -121,7 +125,7 @@ WITH input AS (
 -- How each one ends: snoozed, dead or retried. Only the lease holder changes attempts and
 -- snoozes, so reading them unlocked here agrees with the row the UPDATE below fences.
 decided AS (
-    SELECT i.*, j.attempts, j.snoozes,
+    SELECT i.*, j.attempts, j.snoozes, j.run_at AS due_at,  -- runnable since: kept in its attempt row
            GREATEST(i.ended, j.claimed_at) AS end_at,  -- never before its claim
            (i.snooze IS NOT NULL AND j.snoozes < %(max_snoozes)s) AS snoozed,
            (i.snooze IS NULL OR j.snoozes >= %(max_snoozes)s)
@@ -148,7 +152,7 @@ failed AS (
        AND j.status = 'running' AND j.lease_owner = %(worker)s
        AND j.cancel_requested_at IS NULL  -- a cancel request committed first wins
     RETURNING j.id, d.attempt, j.claimed_at, j.started_at, d.end_at AS ended, j.status, j.run_at,
-              j.last_error, d.tb, j.limit_ids, d.snoozed
+              j.last_error, d.tb, j.limit_ids, d.snoozed, d.due_at
 ),
 uncount_n AS MATERIALIZED (
     SELECT u.lid, count(*) AS n
@@ -169,9 +173,9 @@ uncounted AS (
 history AS (
     INSERT INTO pgqueue_job_attempt
            (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error,
-            traceback)
+            traceback, due_at)
     SELECT id, attempt, %(worker)s, claimed_at, started_at, ended,
-           CASE WHEN snoozed THEN 'snoozed' ELSE 'failed' END, last_error, tb
+           CASE WHEN snoozed THEN 'snoozed' ELSE 'failed' END, last_error, tb, due_at
       FROM failed
 ),
 notified AS MATERIALIZED (
@@ -324,7 +328,7 @@ SELECT id, CASE WHEN status = 'queued' THEN pg_notify(%(channel)s, queue) END IS
 --   (as enqueue does).
 -- Called by: store.reap_expired, from maintenance (one worker at a time).
 WITH expired AS MATERIALIZED (
-    SELECT id, lease_owner, attempts, claimed_at, started_at,
+    SELECT id, lease_owner, attempts, claimed_at, started_at, run_at AS due_at,
            started_at IS NULL AS lost,
            CASE WHEN started_at IS NOT NULL THEN attempts >= max_attempts
                 ELSE lost_claims + 1 >= %(max_lost_claims)s::int END AS out
@@ -385,9 +389,9 @@ uncounted AS (
 ),
 history AS (
     INSERT INTO pgqueue_job_attempt
-           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error)
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error, due_at)
     SELECT r.id, e.attempts, e.lease_owner, e.claimed_at, e.started_at, COALESCE(%(now)s::timestamptz, now()),
-           'lease_expired', r.last_error
+           'lease_expired', r.last_error, e.due_at
       FROM reaped r JOIN expired e ON e.id = r.id
 ),
 notified AS MATERIALIZED (
@@ -476,7 +480,7 @@ WITH stopped AS (
      WHERE j.id = i.id AND j.attempts = i.attempt
        AND j.status = 'running' AND j.lease_owner = %(worker)s
        AND j.cancel_requested_at IS NOT NULL
-    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, j.limit_ids
+    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, j.limit_ids, j.run_at
 ),
 uncount_n AS MATERIALIZED (
     SELECT u.lid, count(*) AS n
@@ -496,9 +500,9 @@ uncounted AS (
 ),
 history AS (
     INSERT INTO pgqueue_job_attempt
-           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error)
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error, due_at)
     SELECT id, attempts, %(worker)s, claimed_at, started_at, COALESCE(%(now)s::timestamptz, now()), 'cancelled',
-           'cancelled on request'
+           'cancelled on request', run_at
       FROM stopped
 ),
 notified AS MATERIALIZED (
@@ -534,7 +538,7 @@ stopped AS (
        SET status = 'cancelled', finished_at = COALESCE(%(now)s::timestamptz, now()), lease_expires_at = NULL
       FROM expired e
      WHERE j.id = e.id
-    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, e.lease_owner, j.limit_ids
+    RETURNING j.id, j.attempts, j.claimed_at, j.started_at, e.lease_owner, j.limit_ids, j.run_at
 ),
 uncount_n AS MATERIALIZED (
     SELECT u.lid, count(*) AS n
@@ -554,9 +558,9 @@ uncounted AS (
 ),
 history AS (
     INSERT INTO pgqueue_job_attempt
-           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error)
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error, due_at)
     SELECT id, attempts, lease_owner, claimed_at, started_at, COALESCE(%(now)s::timestamptz, now()), 'cancelled',
-           'cancelled on request (the lease ran out before the worker recorded it)'
+           'cancelled on request (the lease ran out before the worker recorded it)', run_at
       FROM stopped
 ),
 notified AS MATERIALIZED (
@@ -585,7 +589,7 @@ SELECT id FROM stopped CROSS JOIN notified
 -- Index: pgqueue_job_lease (a scan of the running jobs only: as many as run at once).
 -- Called by: stop_store.reap_timed_out, from maintenance (one worker at a time).
 WITH late AS MATERIALIZED (
-    SELECT id, lease_owner,
+    SELECT id, lease_owner, run_at AS due_at,
            'timed out after ' || trim_scale(timeout_seconds::numeric) || ' s' AS error
       FROM pgqueue_job
      WHERE status = 'running' AND timeout_seconds IS NOT NULL
@@ -607,7 +611,7 @@ failed AS (
       FROM late l
      WHERE j.id = l.id
     RETURNING j.id, j.attempts, j.claimed_at, j.started_at, j.status, l.error,
-              l.lease_owner, j.limit_ids
+              l.lease_owner, j.limit_ids, l.due_at
 ),
 uncount_n AS MATERIALIZED (
     SELECT u.lid, count(*) AS n
@@ -627,8 +631,8 @@ uncounted AS (
 ),
 history AS (
     INSERT INTO pgqueue_job_attempt
-           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error)
-    SELECT id, attempts, lease_owner, claimed_at, started_at, COALESCE(%(now)s::timestamptz, now()), 'failed', error
+           (job_id, attempt, worker, claimed_at, started_at, finished_at, outcome, error, due_at)
+    SELECT id, attempts, lease_owner, claimed_at, started_at, COALESCE(%(now)s::timestamptz, now()), 'failed', error, due_at
       FROM failed
 ),
 notified AS MATERIALIZED (

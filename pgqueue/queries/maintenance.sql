@@ -116,6 +116,8 @@ SELECT COALESCE(max(id), 0), pg_current_xact_id() FROM pgqueue_job_attempt
 --   transaction ends.
 -- Indexes: pgqueue_job_attempt_pkey (mark < id <= bound), pgqueue_job_pkey (the task of
 --   each), pgqueue_task_stat_uniq (the upsert), pgqueue_stat_mark_pkey.
+-- Returns how many rows it folded and the range of attempt ids they fill, (from, to]: the
+-- same rows TENANT_STAT_FOLD folds next, in the same transaction.
 -- Called by: store.fold_task_stats, from maintenance (one worker at a time).
 WITH mark AS MATERIALIZED (
     SELECT last_attempt_id, pending_attempt_id, pending_xid
@@ -171,7 +173,93 @@ ON CONFLICT (id) DO UPDATE
    SET last_attempt_id = EXCLUDED.last_attempt_id,
        pending_attempt_id = EXCLUDED.pending_attempt_id,
        pending_xid = EXCLUDED.pending_xid
-RETURNING (SELECT count(*) FROM fresh)
+RETURNING (SELECT count(*) FROM fresh), (SELECT mark FROM bound), last_attempt_id
+
+
+-- name: TENANT_STAT_FOLD
+-- Fold the attempts with ids in (%(after)s, %(upto)s] (the range TASK_STAT_FOLD has just
+-- folded, in the same transaction: so each attempt is folded once, or not at all) into
+-- pgqueue_tenant_stat: for each attempt whose handler was seen to start, its wait
+-- (started_at - due_at: from runnable to the handler's start) and its run time
+-- (finished_at - started_at), in the buckets %(buckets)s, by queue and tenant.
+-- Bounded cardinality: a queue has at most %(series)s tenants with rows of their own (held:
+-- those that already have some); the rest go to the rows of tenant '' (other). A tenant
+-- not held takes a free place when this fold meets it, the busiest of the fold first
+-- (ties by name); TENANT_STAT_RELEASE_IDLE frees the places of idle tenants. A tenant's
+-- attempts folded into '' before it held a place stay there: every row only grows.
+-- An attempt recorded before due_at existed (NULL) adds to the run time only.
+-- Locks: the upserted stat rows, until maintenance's transaction ends.
+-- Indexes: pgqueue_job_attempt_pkey (the id range), pgqueue_job_pkey (each attempt's
+--   queue and tenant), pgqueue_tenant_stat_uniq (the held tenants of the fold's queues, at
+--   most (series + 1) x 2 x buckets rows a queue, and the upsert).
+-- Called by: store.fold_tenant_stats, from maintenance (one worker at a time).
+WITH fresh AS MATERIALIZED (
+    SELECT j.queue, j.tenant,
+           CASE WHEN a.due_at IS NOT NULL
+                THEN GREATEST(extract(epoch FROM a.started_at - a.due_at)::float8, 0) END AS wait,
+           GREATEST(extract(epoch FROM a.finished_at - a.started_at)::float8, 0) AS run
+      FROM pgqueue_job_attempt a
+      JOIN pgqueue_job j ON j.id = a.job_id
+     WHERE a.id > %(after)s AND a.id <= %(upto)s
+       AND a.started_at IS NOT NULL
+),
+volume AS MATERIALIZED (
+    SELECT queue, tenant, count(*) AS n FROM fresh GROUP BY queue, tenant
+),
+held AS MATERIALIZED (
+    SELECT DISTINCT s.queue, s.tenant
+      FROM pgqueue_tenant_stat s
+     WHERE s.queue = ANY(ARRAY(SELECT DISTINCT queue FROM volume)) AND s.tenant <> ''
+),
+newcomers AS MATERIALIZED (
+    SELECT v.queue, v.tenant,
+           row_number() OVER (PARTITION BY v.queue ORDER BY v.n DESC, v.tenant) AS place
+      FROM volume v
+     WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.queue = v.queue AND h.tenant = v.tenant)
+),
+placed AS MATERIALIZED (
+    SELECT queue, tenant FROM held
+    UNION ALL
+    SELECT n.queue, n.tenant FROM newcomers n
+     WHERE n.place <= %(series)s::int - (SELECT count(*) FROM held h WHERE h.queue = n.queue)
+),
+labelled AS MATERIALIZED (
+    SELECT f.queue,
+           CASE WHEN EXISTS (SELECT 1 FROM placed p WHERE p.queue = f.queue AND p.tenant = f.tenant)
+                THEN f.tenant ELSE '' END AS tenant,
+           f.wait, f.run
+      FROM fresh f
+),
+observed AS (
+    SELECT queue, tenant, 'wait' AS kind, wait AS secs FROM labelled WHERE wait IS NOT NULL
+    UNION ALL
+    SELECT queue, tenant, 'run', run FROM labelled
+)
+INSERT INTO pgqueue_tenant_stat AS s (queue, tenant, kind, le, count, seconds, folded_at)
+SELECT queue, tenant, kind,
+       (SELECT min(b) FROM unnest(%(buckets)s::float8[]) AS b WHERE b >= secs),
+       count(*), sum(secs), now()
+  FROM observed
+ GROUP BY 1, 2, 3, 4
+ON CONFLICT (queue, tenant, kind, le) DO UPDATE
+   SET count = s.count + EXCLUDED.count, seconds = s.seconds + EXCLUDED.seconds,
+       folded_at = EXCLUDED.folded_at
+
+
+-- name: TENANT_STAT_RELEASE_IDLE
+-- Free the places of tenants (not '', other) that ran no job in a queue for %(idle)s
+-- seconds: delete their rows, so that their series end and TENANT_STAT_FOLD may give the
+-- place to another tenant.
+-- Locks: the deleted rows, until maintenance's transaction ends.
+-- Index: none: pgqueue_tenant_stat holds at most (METRICS_TENANT_SERIES + 1) x 2 x buckets
+--   rows a queue (a scan of a small table).
+-- Called by: store.release_idle_tenant_stats, from maintenance (one worker at a time).
+DELETE FROM pgqueue_tenant_stat s
+ USING (SELECT queue, tenant FROM pgqueue_tenant_stat
+         WHERE tenant <> ''
+         GROUP BY queue, tenant
+        HAVING max(folded_at) < now() - %(idle)s::float8 * interval '1 second') idle
+ WHERE s.queue = idle.queue AND s.tenant = idle.tenant
 
 
 -- name: JOB_PRUNE_FINISHED

@@ -106,8 +106,7 @@ candidates AS MATERIALIZED (
      WHERE p.ids <@ ARRAY(SELECT id FROM locked)
 ),
 ranked AS MATERIALIZED (
-    SELECT c.id, k.free, row_number() OVER (PARTITION BY k.id
-                                            ORDER BY c.priority DESC, c.vtime, c.id) AS rank
+    SELECT c.id, k.free, row_number() OVER (PARTITION BY k.id ORDER BY c.priority DESC, c.vtime, c.id) AS rank
       FROM candidates c CROSS JOIN LATERAL unnest(c.ids) AS r(lid) JOIN locked k ON k.id = r.lid
      WHERE c.ids <> '{}'
 ),
@@ -127,7 +126,7 @@ leased AS (
       FROM picked p, at a
      WHERE j.id = p.id
     RETURNING j.id, task, payload::text, tenant, queue, priority, attempts, max_attempts,
-              lease_expires_at, vtime, timeout_seconds, limit_ids, lost_claims, concurrency_key
+              lease_expires_at, vtime, timeout_seconds, limit_ids, lost_claims, concurrency_key, workflow_id, step, traceparent, tracestate
 ),
 counted AS (
     UPDATE pgqueue_limit l

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +60,7 @@ def connect_until_up(
     stopping: threading.Event,
     on_connect: Callable[[psycopg.Connection], None],
     attempts: int | None = None,
+    tick: Callable[[], None] | None = None,
 ) -> psycopg.Connection | None:
     """A connection, retried with jittered backoff (0.1 s doubling to 5 s) while it fails.
 
@@ -66,11 +68,16 @@ def connect_until_up(
     error in it counts as a failed try. Returns None, at once, when ``stopping`` is set
     first: the waits between tries are on that event, so SIGTERM is honoured even while the
     database is down. After ``attempts`` failed tries (None: no bound) raises
-    ``DatabaseUnreachable``.
+    ``DatabaseUnreachable``. ``tick`` is called before each try and at least once a second
+    while waiting for the next, on the calling thread: the worker's loop marks its health
+    file with it (``pgqueue.worker.health``), since waiting for the database is not being
+    stuck.
     """
     delay = 0.1
     tried = 0
     while not stopping.is_set():
+        if tick is not None:
+            tick()
         db: psycopg.Connection | None = None
         try:
             db = connect(params)
@@ -84,9 +91,19 @@ def connect_until_up(
             if attempts is not None and tried >= attempts:
                 raise DatabaseUnreachable(tried, reason) from exc
             logger.warning("event=db_unavailable error=%r retry_in=%.1fs", reason, delay)
-            stopping.wait(delay * (0.5 + random.random()))
+            _wait(stopping, delay * (0.5 + random.random()), tick)
             delay = min(delay * 2, 5.0)
     return None
+
+
+def _wait(stopping: threading.Event, seconds: float, tick: Callable[[], None] | None) -> None:
+    """Wait ``seconds`` or until ``stopping`` is set, calling ``tick`` every second."""
+    if tick is None:
+        stopping.wait(seconds)
+        return
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0 and not stopping.wait(min(left, 1.0)):
+        tick()
 
 
 def error_text(exc: BaseException) -> str:

@@ -42,11 +42,16 @@ class JobContext:
         "queue",
         "record_start_first",
         "settled",
+        "span",
         "start_written",
+        "step",
         "task",
         "tenant",
         "timeout",
+        "traceparent",
+        "tracestate",
         "worker_id",
+        "workflow_id",
     )
 
     def __init__(
@@ -64,6 +69,10 @@ class JobContext:
         heartbeat: Callable[[float], None],
         timeout: float | None = None,
         record_start_first: bool = False,
+        workflow_id: int | None = None,
+        step: str | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> None:
         self.id = id
         self.task = task
@@ -95,6 +104,14 @@ class JobContext:
         #: handler's start (None until then: a job that has not begun cannot time out).
         self.deadline: float | None = None
         self._upstream: list[Any] | None = None
+        #: The workflow it is a step of, and the step's name (None: none).
+        self.workflow_id = workflow_id
+        self.step = step
+        #: The W3C trace context it was enqueued in (None: none was recorded), and the
+        #: span its attempt runs in while the handler runs (``pgqueue.tracing``).
+        self.traceparent = traceparent
+        self.tracestate = tracestate
+        self.span: Any = None
 
     @property
     def upstream(self) -> list[Any]:

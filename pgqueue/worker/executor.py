@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from django.db import close_old_connections
 
-from .. import signals
+from .. import signals, tracing
 from ..exceptions import Retry, UnknownTask
 from ..log import job_context
 from ..registry import get_task
@@ -173,6 +173,10 @@ class JobExecutor:
             heartbeat=self.heartbeat,
             timeout=job.timeout,
             record_start_first=job.lost_claims > 0,
+            workflow_id=job.workflow_id,
+            step=job.step,
+            traceparent=job.traceparent,
+            tracestate=job.tracestate,
         )
 
     def start(self, job: ClaimedJob) -> JobContext:
@@ -345,11 +349,16 @@ def run_handler(
     Afterwards the thread's Django connections that are broken or past their age are
     closed, as between two requests; ``close_connections=False`` leaves them to a caller
     that ran the handler on its own connections and transaction (``pgqueue.testing``).
+
+    The attempt runs in its span (``pgqueue.tracing``), current for the handler, from
+    here to its return or raise.
     """
     ctx.mark_started()
     outcome = HandlerOutcome(ctx, ok=False)
+    error: BaseException | None = None
+    tracing.start_attempt(ctx)
     try:
-        with job_context(ctx):
+        with job_context(ctx), tracing.current(ctx):
             signals.send(signals.job_started, ctx.task, job=ctx)
             value = get_task(ctx.task).func(ctx.payload, ctx)
             if await_ is not None and inspect.isawaitable(value):
@@ -357,8 +366,10 @@ def run_handler(
         _returned(outcome, value)
     except HANDLER_ERRORS as exc:
         _raised(outcome, exc)
+        error = exc
     finally:
         _ended(outcome)
+        _end_span(outcome, error)
         if close_connections:
             close_old_connections()
     return outcome
@@ -372,15 +383,19 @@ async def run_async_handler(ctx: JobContext, func: Callable[..., Awaitable[Any]]
     """
     ctx.mark_started()
     outcome = HandlerOutcome(ctx, ok=False)
+    error: BaseException | None = None
+    tracing.start_attempt(ctx)
     try:
-        with job_context(ctx):
+        with job_context(ctx), tracing.current(ctx):
             signals.send(signals.job_started, ctx.task, job=ctx)
             value = await func(ctx.payload, ctx)
         _returned(outcome, value)
     except (*HANDLER_ERRORS, asyncio.CancelledError) as exc:
         _raised(outcome, exc)
+        error = exc
     finally:
         _ended(outcome)
+        _end_span(outcome, error)
     return outcome
 
 
@@ -388,6 +403,40 @@ def _ended(outcome: HandlerOutcome) -> None:
     """The handler returned or raised just now."""
     outcome.ended = time.monotonic()
     outcome.duration = outcome.ended - (outcome.ctx.began or outcome.ended)
+
+
+def _end_span(outcome: HandlerOutcome, error: BaseException | None) -> None:
+    """End the attempt's span (if it has one) with how the attempt ended."""
+    if outcome.ctx.span is None:
+        return
+    name = span_outcome(outcome)
+    if name == "snoozed":
+        error = None  # pgqueue.Retry asks for a later run: not an error
+    tracing.end_attempt(outcome.ctx, name, error=error, description=outcome.error)
+
+
+def span_outcome(outcome: HandlerOutcome) -> str:
+    """How the attempt ended, as its handler's return or raise shows it: what the worker
+    will record, but for the rare race it cannot see yet (a lease lost meanwhile). A
+    timeout counts from the handler's start, so a handler that returns after its deadline
+    timed out, whatever it returned."""
+    ctx = outcome.ctx
+    if ctx.lost:
+        return "lost"
+    if ctx.stop_reason == "cancelled":
+        return "cancelled"
+    ended = outcome.ended
+    if ctx.stop_reason == "timed_out" or (
+        ctx.deadline is not None and ended is not None and ended >= ctx.deadline
+    ):
+        return "timed_out"
+    if outcome.ok:
+        return "done"
+    if outcome.snooze is not None:
+        return "snoozed"
+    if outcome.permanent or ctx.attempt >= ctx.max_attempts:
+        return "dead"
+    return "failed"
 
 
 def cancel_coroutine(ctx: JobContext) -> None:
@@ -399,7 +448,7 @@ def cancel_coroutine(ctx: JobContext) -> None:
 
 
 async def _in_job(ctx: JobContext, awaitable: Awaitable[T]) -> T:
-    with job_context(ctx):
+    with job_context(ctx), tracing.current(ctx):
         return await awaitable
 
 

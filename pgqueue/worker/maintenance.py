@@ -10,7 +10,9 @@
 - ``promote_due_jobs``: scheduled jobs whose run_at has come (delays, backoffs) become
   runnable, each with a fresh fair vtime, and their queues are notified.
 - ``prune_dead_workers``: worker rows not seen for a day leave the registry.
-- ``fold_task_stats``: finished attempts are folded into the per-task totals of the metrics.
+- ``fold_task_stats``: finished attempts are folded into the per-task totals of the metrics,
+  and into the per-queue, per-tenant wait and run-time totals (a bounded number of tenants
+  a queue, the rest as "other"; an idle tenant gives its place up).
 - ``correct_fair_clocks`` (only with ``FAIRNESS = "time"``): each settled attempt moves its
   tenant's clock by the error of its run-time charge (see ``pgqueue.fairness``).
 - ``enqueue_due_periodic``: each due periodic schedule enqueues its tick's job (one per
@@ -98,6 +100,7 @@ def run_maintenance(conn: Any) -> MaintenanceResult:
         settle_keys(cur, [*stopped, *rescued])
         prune_dead_workers(cur)
         fold_task_stats(cur, head)
+        store.release_idle_tenant_stats(cur)
         if by_time():
             correct_fair_clocks(cur)
         enqueue_due_periodic(cur)
@@ -214,7 +217,8 @@ def prune_dead_workers(cur: Any) -> None:
 
 
 def fold_task_stats(cur: Any, head: int) -> int:
-    """Fold finished attempts into the per-task totals; returns how many were folded.
+    """Fold finished attempts into the per-task totals, and into the per-tenant waits and
+    run times; returns how many were folded.
 
     The metrics endpoint then reads a few rows per task, not the whole attempt history.
     ``head`` was read before this transaction's first write. No attempt is ever skipped:

@@ -28,6 +28,7 @@ from ..registry import served_names
 from .clock import DatabaseClock
 from .connection import (
     CONNECTION_ERRORS,
+    DatabaseUnreachable,
     connect,
     connect_params,
     connect_until_up,
@@ -36,6 +37,7 @@ from .connection import (
 from .context import JobContext
 from .executor import HandlerOutcome, JobExecutor, serves
 from .hand import JobsInHand
+from .health import HealthFile, silent_server_bound
 from .heartbeat import Heartbeats
 from .listener import Listener
 from .lookahead import LookAhead
@@ -85,7 +87,12 @@ class WorkerLoop(JobsInHand):
         self.poll_every = float(pgqueue_settings.POLL_SECONDS)
         self.maintenance_every = float(pgqueue_settings.MAINTENANCE_SECONDS)
 
-        self.params = connect_params(alias, application_name=f"pgqueue worker {self.id}"[:63])
+        self.params = silent_server_bound(
+            connect_params(alias, application_name=f"pgqueue worker {self.id}"[:63])
+        )
+        #: What ``manage.py pgqueue healthcheck`` reads: written by this loop's thread at
+        #: its turns (pgqueue.worker.health), from ``run()`` on.
+        self.health = HealthFile("worker", worker=self.id, lease_seconds=self.lease)
         self.db: psycopg.Connection | None = None
         self.outcomes: queue.SimpleQueue[HandlerOutcome] = queue.SimpleQueue()
         self.executor = JobExecutor(
@@ -163,10 +170,26 @@ class WorkerLoop(JobsInHand):
 
         Raises ``DatabaseUnreachable`` when the database cannot be reached at start-up
         within ``PGQUEUE["CONNECT_ATTEMPTS"]`` tries; a stop requested meanwhile returns 0.
+
+        The health file lives as long as this call: removed when it returns or gives up on
+        the database, both clean ends. An unexpected error leaves it behind, as a process
+        killed would, so that a loop that died in a process that lives on reads as stuck.
         """
+        self.health.open()
+        try:
+            status = self._serve()
+        except DatabaseUnreachable:
+            self.health.close()
+            raise
+        self.health.close()
+        return status
+
+    def _serve(self) -> int:
+        """``run()`` within the health file's life: connect, loop, shut down."""
         if not self._connect_until_up(attempts=int(pgqueue_settings.CONNECT_ATTEMPTS)):
             logger.info("event=worker_stopped worker=%s jobs=0", self.id)
             return 0
+        self.health.set_state("running")
         self.listener.start()
         logger.info(
             "event=worker_started worker=%s queues=%s concurrency=%d prefetch=%d batch_size=%d",
@@ -186,6 +209,12 @@ class WorkerLoop(JobsInHand):
         next_maintenance = time.monotonic()
         try:
             while True:
+                # A turn: marked by this thread, so that a loop stuck anywhere (a lock, a
+                # statement that never returns) stops marking. Handlers run on threads of
+                # their own; a long one holds a slot, never the loop.
+                self.health.turn()
+                if self.stopping.is_set():
+                    self.health.set_state("stopping")
                 self.wake_event.clear()
                 try:
                     if self.stopping.is_set() and not self._released:
@@ -208,8 +237,10 @@ class WorkerLoop(JobsInHand):
                         )
                 except CONNECTION_ERRORS as exc:
                     logger.warning("event=db_error error=%r action=reconnect", str(exc).strip())
+                    self.health.set_state("reconnecting")
                     if not self._connect_until_up():
                         break  # stopped while the database was away: _shutdown records
+                    self.health.set_state("stopping" if self.stopping.is_set() else "running")
                     continue
                 if self._finished(claimed_all):
                     break
@@ -377,6 +408,7 @@ class WorkerLoop(JobsInHand):
         contexts = [*self.in_flight.values(), *(o.ctx for o in self.pending)]
         unrunnable = [(j.id, j.attempt) for j in self.recorder.unrunnable]
         self.stops.beat(self.db, contexts, unrunnable)
+        self.health.database_ok()  # what readiness reads
 
     # -- connection, registry, shutdown ---------------------------------------------------
 
@@ -390,7 +422,11 @@ class WorkerLoop(JobsInHand):
                 self.db.close()
             self.db = None
         self.db = connect_until_up(
-            self.params, stopping=self.stopping, on_connect=self._register_on, attempts=attempts
+            self.params,
+            stopping=self.stopping,
+            on_connect=self._register_on,
+            attempts=attempts,
+            tick=self.health.turn,  # waiting for the database is not being stuck
         )
         return self.db is not None
 
@@ -406,6 +442,7 @@ class WorkerLoop(JobsInHand):
                 concurrency=self.concurrency,
                 tasks=self.tasks,
             )
+        self.health.database_ok()
 
     def _shutdown(self) -> None:
         """Record whatever finished, deregister and close. Runs on every exit of the loop.
@@ -415,9 +452,11 @@ class WorkerLoop(JobsInHand):
         and recorded, and anything not recorded is recovered by its lease.
         """
         self.stopping.set()
+        self.health.set_state("stopping")
         self.executor.shutdown(wait=True)
         self.listener.stop()
         for attempt in range(3):
+            self.health.turn()  # each try may wait for a connect timeout
             try:
                 if self.db is None or self.db.closed:
                     self.db = None

@@ -11,6 +11,11 @@ the children too: Ctrl-C signals the terminal's whole process group, and systemd
 be each child's second signal, which makes a worker exit at once, leaving its jobs running
 until their leases run out. SIGUSR2 stops a worker as its first signal does and is never
 counted as a second one.
+
+The parent writes a health file of its own (``pgqueue.worker.health``, role
+``supervisor``) from its watch loop, listing its children, each of which writes its own:
+``manage.py pgqueue healthcheck`` sees a parent that stopped watching, and counts a
+parent restarting its children as alive while no child is.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+
+from .health import HealthFile
 
 logger = logging.getLogger("pgqueue.worker")
 
@@ -73,12 +80,27 @@ class Supervisor:
         acted on at once, and a slot waiting to restart its child holds up no other."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        health = HealthFile("supervisor")
+        health.open()
+        try:
+            return self._watch(health)
+        finally:
+            health.close()
+
+    def _watch(self, health: HealthFile) -> int:
         for slot in range(self.processes):
             self._spawn(slot)
+        health.set_state("running")
         backoff = RestartBackoff()
         due: dict[int, float] = {}  # slot -> time.monotonic() to restart its child at
         failed = False
         while self.children or (due and not self.signals):
+            health.turn()  # on this thread, as the workers' loops do
+            if self.signals:
+                health.set_state("stopping")  # here, not in the signal handler
+            pids = sorted(child.pid for child in self.children.values())
+            if pids != health.children:
+                health.set_children(pids)
             now = time.monotonic()
             for slot, child in list(self.children.items()):
                 code = child.poll()

@@ -5,7 +5,8 @@ listed first in INSTALLED_APPS wins. ``manage.py pgqueue worker`` is the same co
 pgqueue's ``runworker``, whichever apps are installed. Each subcommand is an ordinary
 management command (its own options, its own ``handle``) registered in ``SUBCOMMANDS``: the
 worker, the operators' commands of ``pgqueue.cli`` (jobs, show, retry, weight…), whose
-registry is where new ones are added, and ``apikey`` and ``prune``, which print text only
+registry is where new ones are added, the ``healthcheck`` probe (``pgqueue.cli.PROBES``),
+and ``apikey`` and ``prune``, which print text only
 (no ``--json``) and also answer to their older names, ``pgqueue_apikey`` and
 ``pgqueue_prune`` (aliases: the same classes).
 """
@@ -27,6 +28,7 @@ from . import runworker
 SUBCOMMANDS: dict[str, type[BaseCommand]] = {
     "worker": runworker.Command,
     **cli.SUBCOMMANDS,
+    **cli.PROBES,
     ApiKeyCommand.name: ApiKeyCommand,
     PruneCommand.name: PruneCommand,
 }
@@ -52,7 +54,8 @@ class Command(BaseCommand):
         "retention now (the same commands as pgqueue_apikey and pgqueue_prune); "
         f"{', '.join(f'`{name}`' for name in cli.SUBCOMMANDS)} do what the admin does, each "
         "with --json for scripts (`manage.py pgqueue SUBCOMMAND --help`). Their "
-        f"{cli.EXIT_CODES_HELP}"
+        f"{cli.EXIT_CODES_HELP} `healthcheck` probes the worker processes of this host "
+        "for an orchestrator (--liveness, --readiness): exit 0 healthy, 1 not."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -17,7 +17,7 @@ from django.db import OperationalError, connections
 
 from pgqueue import stdio
 from pgqueue.conf import pgqueue_settings, queue_db
-from pgqueue.log import DEFAULT_FORMAT, JobContextFilter
+from pgqueue.log import LOG_FORMATS, JobContextFilter, formatter
 from pgqueue.schedules import sync_schedules
 from pgqueue.worker import DatabaseUnreachable, WorkerLoop
 from pgqueue.worker.supervisor import Supervisor, child_command
@@ -82,6 +82,14 @@ class Command(BaseCommand):
         parser.add_argument(
             "--database", default=None, help='database alias (default: PGQUEUE["DATABASE"])'
         )
+        parser.add_argument(
+            "--log-format",
+            choices=LOG_FORMATS,
+            default=None,
+            help="the log lines' format when the project configured no logging handler: "
+            "key=value pairs, or one JSON object a line with the job's fields and the trace "
+            'and span ids (default: PGQUEUE["LOG_FORMAT"])',
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         from pgqueue.checks import require_postgresql
@@ -95,7 +103,9 @@ class Command(BaseCommand):
         ]
         if not queues:
             raise CommandError("--queues names no queue")
-        _configure_logging(options["verbosity"])
+        _configure_logging(
+            options["verbosity"], options["log_format"] or pgqueue_settings.LOG_FORMAT
+        )
         stdio.install()  # after logging: its handlers keep the unwrapped streams
         try:
             sync_schedules(using=options["database"])  # the periodic schedules of this code
@@ -215,13 +225,15 @@ def _reaped(pid: int) -> bool:
     return done == pid
 
 
-def _configure_logging(verbosity: int) -> None:
+def _configure_logging(verbosity: int, log_format: str = "logfmt") -> None:
     """Log to stderr unless the project configured a logging handler of its own.
 
     Then the root logger gets one handler, with ``JobContextFilter``: the worker's lines
     and every record a handler logs (at INFO and above by default), the latter prefixed
-    with the job's id, task, tenant and attempt. A project with a LOGGING of its own keeps
-    it, and adds the filter where it wants the fields.
+    with the job's id, task, tenant and attempt, or, with ``log_format`` "json", each as
+    one JSON object with those fields and the current span's ids (``JsonFormatter``). A
+    project with a LOGGING of its own keeps it, and adds the filter (or the formatter)
+    where it wants the fields.
 
     Django's records (``django.tasks`` logs a line as each task starts and ends) come
     through the same handler, once each: Django's default logging sets the "django"
@@ -239,7 +251,7 @@ def _configure_logging(verbosity: int) -> None:
     handler = logging.StreamHandler()
     handler.setLevel(level)
     handler.addFilter(JobContextFilter())
-    handler.setFormatter(logging.Formatter(DEFAULT_FORMAT, datefmt="%Y-%m-%dT%H:%M:%S%z"))
+    handler.setFormatter(formatter(log_format))
     root.addHandler(handler)
     root.setLevel(max(level, logging.INFO) if verbosity else logging.WARNING)
     logging.getLogger("pgqueue").setLevel(level)
