@@ -182,7 +182,9 @@ def throughput_chart_svg(buckets: Sequence[Bucket], *, title: str = "Attempts pe
 #: Colours of the wait chart: the p95 bar, and the p50 mark on it.
 WAIT_P95_COLOR = "#447e9b"
 WAIT_P50_COLOR = "#1f3f4f"
-_WAIT_LEFT, _WAIT_ROW, _WAIT_TOP, _WAIT_BOTTOM = 150, 22, 30, 40
+#: Margins of the wait chart: room for a tenant's name on the left, and for half of the
+#: last x label ("250 ms") on the right.
+_WAIT_LEFT, _WAIT_RIGHT, _WAIT_ROW, _WAIT_TOP, _WAIT_BOTTOM = 150, 32, 22, 30, 40
 
 
 def _nice_seconds(peak: float, ticks: int = 4) -> tuple[float, float]:
@@ -214,7 +216,7 @@ def wait_chart_svg(rows: Sequence[tuple[str, float, float, int]]) -> str:
     the result can be marked safe.
     """
     w = CHART_WIDTH
-    plot_w = w - _WAIT_LEFT - _RIGHT
+    plot_w = w - _WAIT_LEFT - _WAIT_RIGHT
     h = _WAIT_TOP + _WAIT_ROW * max(1, len(rows)) + _WAIT_BOTTOM
     top, step = _nice_seconds(max([0.0, *(p95 for _, _, p95, _ in rows)]))
     base = _WAIT_TOP + _WAIT_ROW * max(1, len(rows))
@@ -262,7 +264,7 @@ def wait_chart_svg(rows: Sequence[tuple[str, float, float, int]]) -> str:
             f'stroke-width="3"/>'
         )
     out.append(
-        f'<path class="pgq-axis" d="M{_WAIT_LEFT},{_WAIT_TOP} V{base} H{w - _RIGHT}" '
+        f'<path class="pgq-axis" d="M{_WAIT_LEFT},{_WAIT_TOP} V{base} H{w - _WAIT_RIGHT}" '
         f'fill="none" stroke="{AXIS_COLOR}" stroke-width="1"/>'
     )
     out.append(

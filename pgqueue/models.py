@@ -259,7 +259,12 @@ class Job(models.Model):
     # The W3C trace context of the code that enqueued it (pgqueue.tracing): the worker runs
     # each attempt in a span linked to it. NULL when OpenTelemetry is absent or no span was
     # current. Both bounded by the W3C Trace Context limits (55 and 512 characters).
-    traceparent = models.CharField(max_length=55, null=True, blank=True)
+    traceparent = models.CharField(
+        max_length=55,
+        null=True,
+        blank=True,
+        help_text="the W3C trace context it was enqueued in: its attempts' spans are children",
+    )
     tracestate = models.CharField(max_length=512, null=True, blank=True)
 
     class Meta:
@@ -441,6 +446,7 @@ JOB_FIELDS = (
     "key_max_running",
     "workflow",
     "step",
+    "traceparent",
 )
 
 

@@ -42,6 +42,7 @@ JOB_FIELDS = {
     "key_max_running",
     "workflow",
     "step",
+    "traceparent",
 }
 
 #: The fields every entry of a job's history has.

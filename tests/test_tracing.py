@@ -416,6 +416,9 @@ def test_http_enqueue_continues_the_trace_of_its_traceparent_header(spans: Any) 
     stored = [recorded(i) for i in ids]
     assert stored[0] == (traceparent_of(producers[0]), "rojo=00f067aa0ba902b7")
     assert stored[1] == stored[2] == (traceparent_of(producers[1]), "rojo=00f067aa0ba902b7")
+    # The job's trace is found from its id: GET /jobs/<id> shows its traceparent.
+    shown = api.get(f"/jobs/{ids[0]}").json()["traceparent"]
+    assert shown == traceparent_of(producers[0])
 
 
 @pytest.mark.django_db

@@ -271,6 +271,7 @@ class JobAdmin(admin.ModelAdmin):
                     "lease_owner",
                     "lease_expires",
                     "vtime",
+                    "traceparent",
                 ]
             },
         ),

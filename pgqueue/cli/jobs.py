@@ -169,6 +169,7 @@ def _job_page(
         ("started", output.when(job.started_at)),
         ("finished", output.when(job.finished_at)),
         ("idempotency key", job.idempotency_key or output.NONE),
+        ("traceparent", job.traceparent or output.NONE),
         ("payload", output.compact(job.payload)),
         ("result", output.compact(job.result) if job.result is not None else output.NONE),
         ("last error", output.short(job.last_error, 200)),

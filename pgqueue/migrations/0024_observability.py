@@ -17,7 +17,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="job",
             name="traceparent",
-            field=models.CharField(blank=True, max_length=55, null=True),
+            field=models.CharField(
+                blank=True,
+                help_text="the W3C trace context it was enqueued in: its attempts' spans are children",
+                max_length=55,
+                null=True,
+            ),
         ),
         migrations.AddField(
             model_name="job",
