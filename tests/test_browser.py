@@ -177,35 +177,29 @@ def screenshot(driver: webdriver.Chrome, name: str) -> Path:
     """The whole page (not only the window), as a PNG under test-output/screenshots/."""
     metrics = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})
     size = metrics.get("cssContentSize") or metrics["contentSize"]
-    shot = driver.execute_cdp_cmd(
-        "Page.captureScreenshot",
-        {
-            "format": "png",
-            "captureBeyondViewport": True,
-            "clip": {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1},
-        },
+    return _capture(
+        driver, {"x": 0, "y": 0, "width": size["width"], "height": size["height"]}, name
     )
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / f"{name}.png"
-    path.write_bytes(base64.b64decode(shot["data"]))
-    if name in DOC_SHOTS:
-        DOC_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, DOC_SCREENSHOTS / path.name)
-    return path
 
 
 def element_screenshot(driver: webdriver.Chrome, element: Any, name: str) -> Path:
     """One element of the page, wherever it is on it, as a PNG under
-    test-output/screenshots/ (and the docs')."""
+    test-output/screenshots/."""
     box = driver.execute_script(
         "const r = arguments[0].getBoundingClientRect();"
         "return {x: r.left + window.scrollX, y: r.top + window.scrollY,"
         " width: r.width, height: r.height};",
         element,
     )
+    return _capture(driver, box, name)
+
+
+def _capture(driver: webdriver.Chrome, clip: dict[str, float], name: str) -> Path:
+    """The part ``clip`` of the page, beyond the window if need be, into ``name``.png; a
+    picture the documentation shows (DOC_SHOTS) is copied there too."""
     shot = driver.execute_cdp_cmd(
         "Page.captureScreenshot",
-        {"format": "png", "captureBeyondViewport": True, "clip": {**box, "scale": 1}},
+        {"format": "png", "captureBeyondViewport": True, "clip": {**clip, "scale": 1}},
     )
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
