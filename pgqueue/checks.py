@@ -214,6 +214,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         ("MAINTENANCE_BATCH_SIZE", 1, True),
         ("MAX_PAYLOAD_BYTES", 2, True),
         ("MAX_RESULT_BYTES", 2, True),
+        ("MAX_OUTPUT_BYTES", 2, True),
+        ("MAX_PROGRESS_NOTE_CHARS", 0, True),
         ("MAX_JSON_DEPTH", 1, True),
         ("CONNECT_ATTEMPTS", 1, True),
         ("PREFETCH", 0, True),

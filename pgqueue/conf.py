@@ -89,6 +89,12 @@ DEFAULTS: dict[str, Any] = {
     # Largest result a handler may return, in bytes of its JSON text; a larger one makes
     # the attempt fail with "result not storable: ...".
     "MAX_RESULT_BYTES": 1024 * 1024,
+    # Largest output a handler may report while it runs (job.output(value)), in bytes of
+    # its JSON text; a larger one raises InvalidJob in the handler and is not kept.
+    "MAX_OUTPUT_BYTES": 64 * 1024,
+    # Longest note of a progress report (job.progress(..., note=...)), in characters: a
+    # longer one is cut to this.
+    "MAX_PROGRESS_NOTE_CHARS": 200,
     # Times a worker tries to reach the database at start-up, with backoff (0.1 s doubling
     # to 5 s, jittered: about 20 s in all at the default), before it exits with status 1
     # and the reason on one line of stderr. Once running, it retries for as long as it takes.
@@ -314,6 +320,14 @@ HELP: dict[str, str] = {
     "MAX_RESULT_BYTES": (
         "Largest result a handler may return, in bytes of JSON; a larger one fails the attempt "
         "(`result not storable: …`)"
+    ),
+    "MAX_OUTPUT_BYTES": (
+        "Largest output a handler may report while it runs (`job.output()`), in bytes of JSON; "
+        "a larger one raises `InvalidJob` in the handler"
+    ),
+    "MAX_PROGRESS_NOTE_CHARS": (
+        "Longest note of a progress report (`job.progress(..., note=...)`), in characters; a "
+        "longer one is cut"
     ),
     "CONNECT_ATTEMPTS": (
         "Tries to reach the database at a worker's start-up (backoff 0.1 s to 5 s, about 20 s) "

@@ -266,6 +266,16 @@ class Job(models.Model):
         help_text="the W3C trace context it was enqueued in: its attempts' spans are children",
     )
     tracestate = models.CharField(max_length=512, null=True, blank=True)
+    # What its handler reported while it ran (job.progress(), job.output()), written by its
+    # worker's heartbeat rounds (JOB_HEARTBEAT_MANY): {"done", "total", "note", "at"}, and
+    # the latest output. A new attempt's first report replaces them; an operator's retry
+    # clears them (JOB_RETRY_MANY).
+    progress = models.JSONField(
+        null=True, blank=True, help_text="the latest progress its handler reported"
+    )
+    output = models.JSONField(
+        null=True, blank=True, help_text="the latest output its handler reported"
+    )
 
     class Meta:
         db_table = "pgqueue_job"
@@ -439,6 +449,8 @@ JOB_FIELDS = (
     "finished_at",
     "last_error",
     "result",
+    "progress",
+    "output",
     "idempotency_key",
     "timeout_seconds",
     "cancel_requested_at",

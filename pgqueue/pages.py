@@ -191,13 +191,13 @@ def job_list_page(
     Keyset pagination on the primary key (``id < key ORDER BY id DESC``): a page costs the
     same however deep, and stays put while jobs are added. It reads ids between the cursor
     and the edge only (at most LIST_WINDOW jobs in reach), through the primary key or
-    pgqueue_job_tenant_id. Payloads and results come with their size (``payload_bytes``,
+    pgqueue_job_tenant_id. Payloads, results and outputs come with their size (``payload_bytes``,
     ``result_bytes``: octet_length of their JSON text) and are only loaded when at most
     ``field_bytes`` (``payload_cut``, ``result_cut`` say otherwise), so a page of large
     payloads is never carried from the database.
     """
     annotations: dict[str, Any] = {}
-    for field in ("payload", "result"):
+    for field in ("payload", "result", "output"):
         size = Func(Cast(F(field), TextField()), function="octet_length")
         annotations[f"{field}_bytes"] = size
         annotations[f"{field}_cut"] = ExpressionWrapper(
@@ -206,7 +206,7 @@ def job_list_page(
         annotations[f"{field}_small"] = Case(
             When(**{f"{field}_bytes__lte": field_bytes}, then=F(field)), default=None
         )
-    page = jobs.defer("payload", "result").annotate(**annotations)
+    page = jobs.defer("payload", "result", "output").annotate(**annotations)
     if backward:
         assert key is not None
         page = page.filter(id__gt=key)
@@ -223,4 +223,5 @@ def job_list_page(
     for job in rows:
         job.payload = job.payload_small if not job.payload_cut else None
         job.result = job.result_small if not job.result_cut else None
+        job.output = job.output_small if not job.output_cut else None
     return rows

@@ -222,12 +222,18 @@ def heartbeat_flags(
     lease_seconds: float | None = None,
     now: dt.datetime | None = None,
     started: Mapping[int, dt.datetime] | None = None,
+    progress: Mapping[int, str | None] | None = None,
+    output: Mapping[int, str | None] | None = None,
 ) -> dict[int, bool]:
     """Extend the leases of ``(job id, attempt)`` pairs to ``now`` + the lease
     (JOB_HEARTBEAT_MANY): ``{job id still held: whether its cancellation was requested}``.
-    ``started`` gives the jobs whose handler has begun their start (written once).
+    ``started`` gives the jobs whose handler has begun their start (written once);
+    ``progress`` and ``output`` the JSON text of what their handlers reported since the
+    last round (a job not named, or None: unchanged).
     """
     started = started or {}
+    progress = progress or {}
+    output = output or {}
     cursor.execute(
         sql.JOB_HEARTBEAT_MANY,
         {
@@ -235,6 +241,8 @@ def heartbeat_flags(
             "ids": [h[0] for h in held],
             "attempts": [h[1] for h in held],
             "started": [started.get(h[0]) for h in held],
+            "progress": [progress.get(h[0]) for h in held],
+            "output": [output.get(h[0]) for h in held],
             "lease": _lease(lease_seconds),
             "now": now,
         },

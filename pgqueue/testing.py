@@ -280,7 +280,7 @@ class JobRunner:
             unknown_task_delay=float(pgqueue_settings.UNKNOWN_TASK_DELAY_SECONDS),
             clock=self.clock,
         )
-        self.heartbeats = Heartbeats(WORKER_ID, self.lease, lambda: None)
+        self.heartbeats = Heartbeats(WORKER_ID, self.lease, lambda: None, self.clock)
         # Builds each job's context as a worker's executor does; never starts a thread here.
         self.contexts = JobExecutor(
             1, worker_id=WORKER_ID, heartbeat=self._heartbeat, deliver=lambda outcome: None
@@ -420,6 +420,10 @@ class JobRunner:
                 error=timed_out_text(ctx.timeout or 0.0),
                 duration=outcome.duration,
             )
+        if ctx.report_since is not None and not (ctx.lost or ctx.settled):
+            # The handler's last progress and output, written as a worker's round before
+            # its outcome would (job.heartbeat() writes those reported until then).
+            self.heartbeats.beat(self.connection, [ctx])
         recorded = self._record(outcome)
         status = self.recorder.statuses.get(ctx.id)
         self.recorder.log([outcome], recorded)  # the worker's log lines and signals

@@ -35,6 +35,8 @@ JOB_FIELDS = {
     "finished_at",
     "last_error",
     "result",
+    "progress",
+    "output",
     "idempotency_key",
     "timeout_seconds",
     "cancel_requested_at",

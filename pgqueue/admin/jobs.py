@@ -23,6 +23,7 @@ from ..durations import format_seconds
 from ..key_models import KeyState
 from ..limit_reads import waiting_for
 from ..models import LIVE_STATUSES, FairClock, Job, JobAttempt, Status, Tenant, Workflow
+from ..progress import progress_text
 from ..registry import registered_tasks
 from .common import (
     ColumnFilter,
@@ -242,7 +243,18 @@ class JobAdmin(admin.ModelAdmin):
                 ]
             },
         ),
-        ("Data", {"fields": ["payload_pretty", "result_pretty", "last_error"]}),
+        (
+            "Data",
+            {
+                "fields": [
+                    "payload_pretty",
+                    "progress_shown",
+                    "output_pretty",
+                    "result_pretty",
+                    "last_error",
+                ]
+            },
+        ),
         (
             "Workflow",
             {
@@ -547,6 +559,15 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="payload")
     def payload_pretty(self, obj: Job) -> str:
         return pretty_json(obj.payload)
+
+    @admin.display(description="progress")
+    def progress_shown(self, obj: Job) -> str:
+        """What its handler last reported (job.progress()): "3 / 10 (30 %) — note"."""
+        return progress_text(obj.progress) or "—"
+
+    @admin.display(description="output")
+    def output_pretty(self, obj: Job) -> str:
+        return "—" if obj.output is None else pretty_json(obj.output)
 
     @admin.display(description="result")
     def result_pretty(self, obj: Job) -> str:

@@ -323,12 +323,12 @@ def _within_budget(
     request: Request, rows: list[Job], budget: int
 ) -> tuple[list[dict[str, Any]], bool]:
     """The rows serialized, as many as fit ``budget`` bytes of JSON (at least one), their
-    oversized payloads and results replaced by the marker; and whether any was left out."""
+    oversized payloads, results and outputs replaced by the marker; and whether any was left out."""
     results: list[dict[str, Any]] = []
     used = 0
     serializer = JobListItemSerializer()  # one instance: its fields are built once, not per job
     for job in rows:
-        for field in ("payload", "result"):
+        for field in ("payload", "result", "output"):
             size = getattr(job, f"{field}_bytes")
             if size is not None and getattr(job, f"{field}_cut"):
                 url = request.build_absolute_uri(reverse("pgqueue:job", kwargs={"job_id": job.id}))

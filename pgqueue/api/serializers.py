@@ -45,6 +45,25 @@ class ErrorSerializer(serializers.Serializer):
     )
 
 
+class ProgressSerializer(serializers.Serializer):
+    """A running job's progress, as its handler last reported it (``job.progress()``)."""
+
+    done = serializers.FloatField(help_text="how much is done (a number >= 0)")
+    total = serializers.FloatField(
+        allow_null=True, help_text="how much there is to do, or null when unknown"
+    )
+    note = serializers.CharField(
+        allow_null=True, help_text="what the handler said of it, at most MAX_PROGRESS_NOTE_CHARS"
+    )
+    at = serializers.DateTimeField(help_text="when the handler reported it")
+
+
+@extend_schema_field(ProgressSerializer)
+class ProgressField(serializers.JSONField):
+    """The progress column as stored (its numbers as the handler gave them: 3, not 3.0),
+    described in the schema by ``ProgressSerializer``."""
+
+
 class JobSerializer(serializers.ModelSerializer):
     """A job. A running job whose cancellation was requested shows the status "cancelling"
     (and its ``cancel_requested_at``) until its worker ends it: the table keeps it
@@ -64,6 +83,19 @@ class JobSerializer(serializers.ModelSerializer):
     )
     step = serializers.CharField(
         allow_null=True, read_only=True, help_text="its step's name in its workflow, or null"
+    )
+    progress = ProgressField(
+        allow_null=True,
+        read_only=True,
+        help_text="the progress its handler last reported (written about once a second while "
+        "it runs, and with its outcome), or null; a new attempt's first report replaces it, a "
+        "retry clears it",
+    )
+    output = serializers.JSONField(
+        allow_null=True,
+        read_only=True,
+        help_text="the output its handler last reported (job.output()), any JSON, at most "
+        "PGQUEUE['MAX_OUTPUT_BYTES']; null when none",
     )
 
     def to_representation(self, instance: Any) -> Any:
@@ -160,11 +192,17 @@ class JobDetailSerializer(JobSerializer):
 
 
 class JobListItemSerializer(JobSerializer):
-    """A job in GET /jobs: a payload or result larger than PGQUEUE["API_FIELD_BYTES"] is
-    replaced by ``{"truncated": true, "bytes": N, "url": <the job>}``."""
+    """A job in GET /jobs: a payload, result or output larger than
+    PGQUEUE["API_FIELD_BYTES"] is replaced by ``{"truncated": true, "bytes": N, "url": <the
+    job>}``."""
 
     payload = serializers.JSONField(help_text="the payload, or the truncated marker")
     result = serializers.JSONField(allow_null=True, help_text="the result, or the truncated marker")
+    output = serializers.JSONField(
+        allow_null=True,
+        read_only=True,
+        help_text="the output its handler last reported, or the truncated marker; null when none",
+    )
 
     class Meta(JobSerializer.Meta):
         pass

@@ -57,7 +57,7 @@ def job(job: Job) -> dict[str, Any]:
             value = _optional(int, value)
         elif name == "timeout_seconds":
             value = _optional(float, value)
-        elif name not in ("payload", "result"):  # JSON, as it is
+        elif name not in ("payload", "result", "progress", "output"):  # JSON, as it is
             value = _optional(str, value)
         document[name] = value
     if document["status"] == Status.RUNNING and job.cancel_requested_at is not None:

@@ -11,6 +11,7 @@ from django.core.management.base import CommandParser
 from .. import pages, services, workflow_reads
 from ..limit_reads import waiting_for
 from ..models import Job, JobAttempt, Status
+from ..progress import progress_text
 from ..registry import TASK_NAME_RE
 from . import documents, output
 from .base import (
@@ -171,6 +172,8 @@ def _job_page(
         ("idempotency key", job.idempotency_key or output.NONE),
         ("traceparent", job.traceparent or output.NONE),
         ("payload", output.compact(job.payload)),
+        ("progress", progress_text(job.progress) or output.NONE),
+        ("output", output.compact(job.output) if job.output is not None else output.NONE),
         ("result", output.compact(job.result) if job.result is not None else output.NONE),
         ("last error", output.short(job.last_error, 200)),
     ]

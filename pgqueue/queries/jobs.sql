@@ -197,19 +197,43 @@ SELECT id, CASE WHEN snoozed THEN 'snoozed' ELSE status END, run_at
 -- learns it within a heartbeat when the notification was missed. A job whose handler has
 -- begun gets its started_at (%(started)s; NULL for one waiting for a thread), so a
 -- running job shows when it started before its outcome is recorded.
+-- What the handlers reported since the last round (job.progress(), job.output()) is
+-- written here too, fenced like the lease: %(progress)s and %(output)s, JSON text per job,
+-- NULL for unchanged (a round without reports passes arrays of NULLs and writes the row as
+-- before). Progress is {"done", "total", "note", "at"}; output is the handler's value.
+-- The ids of the jobs whose progress or output it wrote go to pg_notify('pgqueue_progress',
+-- ids) (notified), batched 400 a payload as pgqueue_finished (see the top of this file):
+-- what a caller following a job wakes on. None is sent by a round without reports.
 -- Locks: the matched job rows and the worker's registry row, until the caller's
 --   transaction ends (autocommit: at once).
 -- Indexes: pgqueue_job_pkey (PK lookups; pgqueue_job_lease is updated), pgqueue_worker_pkey.
--- Called by: store.heartbeat_many, from the worker runtime's heartbeat thread every lease/3.
-WITH seen AS (UPDATE pgqueue_worker SET last_seen_at = COALESCE(%(now)s::timestamptz, now()) WHERE id = %(worker)s)
-UPDATE pgqueue_job j
-   SET lease_expires_at = COALESCE(%(now)s::timestamptz, now()) + %(lease)s * interval '1 second',
-       started_at = COALESCE(j.started_at, CASE WHEN i.started IS NOT NULL THEN GREATEST(j.claimed_at, i.started) END)
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(started)s::timestamptz[])
-           AS i(id, attempt, started)
- WHERE j.id = i.id AND j.attempts = i.attempt
-   AND j.status = 'running' AND j.lease_owner = %(worker)s
-RETURNING j.id, j.cancel_requested_at IS NOT NULL
+-- Called by: store.heartbeat_flags, from the worker runtime's heartbeat rounds (every
+--   lease/3, about a second after a handler's start or report, and before the outcome of
+--   a job with a report not yet written is recorded) and pgqueue.testing's runner.
+WITH
+seen AS (UPDATE pgqueue_worker SET last_seen_at = COALESCE(%(now)s::timestamptz, now()) WHERE id = %(worker)s),
+beat AS (
+    UPDATE pgqueue_job j
+       SET lease_expires_at = COALESCE(%(now)s::timestamptz, now()) + %(lease)s * interval '1 second',
+           started_at = COALESCE(j.started_at, CASE WHEN i.started IS NOT NULL THEN GREATEST(j.claimed_at, i.started) END),
+           progress = COALESCE(i.progress::jsonb, j.progress),
+           output = COALESCE(i.output::jsonb, j.output)
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(started)s::timestamptz[],
+                  %(progress)s::text[], %(output)s::text[])
+               AS i(id, attempt, started, progress, output)
+     WHERE j.id = i.id AND j.attempts = i.attempt
+       AND j.status = 'running' AND j.lease_owner = %(worker)s
+    RETURNING j.id, j.cancel_requested_at IS NOT NULL AS asked,
+              i.progress IS NOT NULL OR i.output IS NOT NULL AS reported
+),
+notified AS MATERIALIZED (
+    SELECT count(pg_notify('pgqueue_progress', ids)) AS sent
+      FROM (SELECT string_agg(id::text, ',') AS ids
+              FROM (SELECT id, (row_number() OVER () - 1) / 400 AS chunk
+                      FROM beat WHERE reported) f
+             GROUP BY chunk) c
+)
+SELECT id, asked FROM beat CROSS JOIN notified
 
 
 -- name: JOB_RELEASE_MANY
@@ -648,9 +672,10 @@ SELECT id, status FROM failed CROSS JOIN notified
 -- name: JOB_RETRY_MANY
 -- Send dead or cancelled jobs back: attempts, and leases lost before a start was recorded
 -- (lost_claims, see JOB_REAP_EXPIRED), start again from 0 (history is kept), a cancel
--- request is forgotten, and the job waits in scheduled until its run_at; the caller
--- then runs JOB_PROMOTE_MANY in the same transaction for those already due (the ``due``
--- column), which gives them a fresh fair vtime.
+-- request is forgotten, the progress and output its handler reported are cleared, and
+-- the job waits in scheduled until its run_at; the caller then runs JOB_PROMOTE_MANY in
+-- the same transaction for those already due (the ``due`` column), which gives them a
+-- fresh fair vtime.
 -- A keyed job that gave its key's slot back is admitted again ('new', KEY_SETTLE after
 -- its promotion); a dead one that kept it (DEAD_JOB_HOLDS_KEY) runs again in that slot.
 -- Locks: the matched rows, until the operator action's transaction ends.
@@ -658,6 +683,7 @@ SELECT id, status FROM failed CROSS JOIN notified
 -- Called by: store.retry_many, from services.retry_jobs (admin, HTTP API, Python API).
 UPDATE pgqueue_job
    SET status = 'scheduled', attempts = 0, lost_claims = 0, snoozes = 0, vtime = NULL, result = NULL,
+       progress = NULL, output = NULL,
        run_at = GREATEST(run_at, now()), lease_owner = NULL, lease_expires_at = NULL,
        claimed_at = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL,
        key_state = CASE WHEN concurrency_key IS NULL OR key_state = 'held' THEN key_state

@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import math
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-from ..exceptions import JobCancelled, JobTimedOut
+from ..conf import pgqueue_settings
+from ..exceptions import InvalidJob, JobCancelled, JobTimedOut
+from .outcome_text import ResultNotStorable, encode_result
+
+
+class Report(NamedTuple):
+    """What a heartbeat round writes of a job's progress and output: each as JSON text,
+    None when unchanged since the last write. ``progress_at`` is the report's time
+    (``time.monotonic()``); the versions are what ``report_written`` is told back."""
+
+    progress: tuple[float, float | None, str | None] | None
+    progress_at: float
+    output_json: str | None
+    progress_version: int
+    output_version: int
 
 
 class JobContext:
@@ -28,8 +45,17 @@ class JobContext:
     __slots__ = (
         "_heartbeat",
         "_lost",
+        "_output_json",
+        "_output_version",
+        "_output_written",
+        "_progress",
+        "_progress_at",
+        "_progress_version",
+        "_progress_written",
+        "_report_lock",
         "_stop",
         "_upstream",
+        "_wake",
         "attempt",
         "began",
         "claimed",
@@ -41,6 +67,7 @@ class JobContext:
         "priority",
         "queue",
         "record_start_first",
+        "report_since",
         "settled",
         "span",
         "start_written",
@@ -73,6 +100,7 @@ class JobContext:
         step: str | None = None,
         traceparent: str | None = None,
         tracestate: str | None = None,
+        wake: Callable[[], None] | None = None,
     ) -> None:
         self.id = id
         self.task = task
@@ -112,6 +140,21 @@ class JobContext:
         self.traceparent = traceparent
         self.tracestate = tracestate
         self.span: Any = None
+        #: Progress and output the handler reported (``progress()``, ``output()``): the
+        #: latest of each, and how many reports of each the next heartbeat round has to
+        #: write (a version the round's write is compared with). Handler threads write
+        #: them, the loop's thread reads them: under ``_report_lock``.
+        self._report_lock = threading.Lock()
+        self._progress: tuple[float, float | None, str | None] | None = None
+        self._progress_at = 0.0
+        self._output_json: str | None = None
+        self._progress_version = self._progress_written = 0
+        self._output_version = self._output_written = 0
+        #: time.monotonic() since when a report waits to be written (None: none waits):
+        #: the loop runs a heartbeat round once it has waited PROGRESS_WRITE_SECONDS.
+        self.report_since: float | None = None
+        #: Wakes the worker's loop (None: nothing to wake), so that it sees a report wait.
+        self._wake = wake
 
     @property
     def upstream(self) -> list[Any]:
@@ -202,5 +245,123 @@ class JobContext:
         """
         return await asyncio.to_thread(self.heartbeat, timeout)
 
+    # -- progress and output ---------------------------------------------------------------
+
+    def progress(self, done: float, total: float | None = None, note: str | None = None) -> None:
+        """Report how far the job has come: ``done`` of ``total`` (None: unknown), with an
+        optional ``note`` (cut to ``PGQUEUE["MAX_PROGRESS_NOTE_CHARS"]``).
+
+        Cheap: it keeps the latest report in memory; the worker's next heartbeat round
+        writes it (about a second later at most), one write per round whatever the rate of
+        calls. Raises ``InvalidJob`` for a count that is negative, not finite or not a
+        number, a ``done`` above ``total``, or a note that is not text.
+        """
+        done_n = _count("done", done)
+        total_n = None if total is None else _count("total", total)
+        if total_n is not None and done_n > total_n:
+            raise InvalidJob("progress", f"done ({done_n!r}) is more than total ({total_n!r})")
+        if note is not None:
+            if not isinstance(note, str):
+                raise InvalidJob("progress", f"note must be text, not {type(note).__name__}")
+            note = note[: int(pgqueue_settings.MAX_PROGRESS_NOTE_CHARS)]
+            try:
+                note.encode()
+            except UnicodeEncodeError:
+                raise InvalidJob("progress", "note holds a lone surrogate") from None
+            note = note.replace("\x00", "")  # PostgreSQL's jsonb holds no NUL
+        with self._report_lock:
+            self._progress = (done_n, total_n, note)
+            self._progress_at = time.monotonic()
+            self._progress_version += 1
+            wake = self._reported()
+        if wake:
+            self._wake()  # type: ignore[misc]
+
+    def output(self, value: Any) -> None:
+        """Report the job's output so far: any JSON-serialisable value, which replaces the
+        previous one, written by the worker's next heartbeat round like ``progress()``.
+
+        Raises ``InvalidJob`` (the output kept is then the previous one) for a value that
+        JSON cannot express or PostgreSQL cannot store, or that is larger than
+        ``PGQUEUE["MAX_OUTPUT_BYTES"]`` bytes of JSON.
+        """
+        try:
+            text = "null" if value is None else encode_result(value)
+        except ResultNotStorable as exc:
+            raise InvalidJob("output", str(exc)) from None
+        assert text is not None
+        size, limit = len(text.encode()), int(pgqueue_settings.MAX_OUTPUT_BYTES)
+        if size > limit:
+            raise InvalidJob(
+                "output", f"{size} bytes of JSON, more than PGQUEUE['MAX_OUTPUT_BYTES'] ({limit})"
+            )
+        with self._report_lock:
+            self._output_json = text
+            self._output_version += 1
+            wake = self._reported()
+        if wake:
+            self._wake()  # type: ignore[misc]
+
+    def _reported(self) -> bool:
+        """Under the lock: a report now waits; whether to wake the loop (the first one
+        since the last write: the loop then knows when to write it)."""
+        if self.report_since is not None:
+            return False
+        self.report_since = time.monotonic()
+        return self._wake is not None
+
+    @property
+    def reported(self) -> dict[str, Any]:
+        """The latest progress and output reported, as ``{"progress": {...} or None,
+        "output": value or None}`` (what the worker writes)."""
+        with self._report_lock:
+            progress, output = self._progress, self._output_json
+        return {
+            "progress": None
+            if progress is None
+            else {"done": progress[0], "total": progress[1], "note": progress[2]},
+            "output": None if output is None else json.loads(output),
+        }
+
+    def take_report(self) -> Report | None:
+        """The loop's: what the next round has to write of this job (None: nothing new)."""
+        with self._report_lock:
+            fresh_progress = self._progress_version != self._progress_written
+            fresh_output = self._output_version != self._output_written
+            if not (fresh_progress or fresh_output):
+                return None
+            return Report(
+                self._progress if fresh_progress else None,
+                self._progress_at,
+                self._output_json if fresh_output else None,
+                self._progress_version,
+                self._output_version,
+            )
+
+    def report_written(self, report: Report) -> None:
+        """The loop's, once a round wrote ``report`` (or found the job no longer held):
+        a report made meanwhile still waits, counted from now."""
+        with self._report_lock:
+            self._progress_written = max(self._progress_written, report.progress_version)
+            self._output_written = max(self._output_written, report.output_version)
+            waiting = (
+                self._progress_version != self._progress_written
+                or self._output_version != self._output_written
+            )
+            self.report_since = time.monotonic() if waiting else None
+
     def __repr__(self) -> str:
         return f"<JobContext id={self.id} task={self.task} attempt={self.attempt}>"
+
+
+def _count(name: str, value: Any) -> float:
+    """A progress count: a finite number >= 0 (an int stays an int)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidJob("progress", f"{name} must be a number, not {type(value).__name__}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite or value < 0:
+        raise InvalidJob("progress", f"{name} must be a finite number >= 0, not {value!r}")
+    return value

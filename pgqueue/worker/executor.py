@@ -150,8 +150,9 @@ class JobExecutor:
         self.worker_id = worker_id
         self.heartbeat = heartbeat
         self.deliver = deliver
-        #: Called on a handler thread when a job with a timeout begins: its deadline runs
-        #: from now, and the loop must know to watch it.
+        #: Called on a handler thread when a job with a timeout begins (its deadline runs
+        #: from now, and the loop must know to watch it), or reports progress or output
+        #: first since the last round (the loop must know to write it): wakes the loop.
         self.timing = timing
         self._jobs: queue.SimpleQueue[JobContext | None] = queue.SimpleQueue()
         self._pool: list[threading.Thread] = []  # started with the first job
@@ -177,6 +178,7 @@ class JobExecutor:
             step=job.step,
             traceparent=job.traceparent,
             tracestate=job.tracestate,
+            wake=self.timing,
         )
 
     def start(self, job: ClaimedJob) -> JobContext:

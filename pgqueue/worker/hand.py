@@ -153,14 +153,21 @@ class JobsInHand:
     START_WRITE_SECONDS = 1.0
 
     def _start_to_write(self) -> float:
-        """When the next heartbeat round is due for a start to write (monotonic; inf when
-        no job in hand needs one): a job that has run START_WRITE_SECONDS unrecorded."""
-        begun = [
-            c.began
-            for c in self.in_flight.values()
-            if c.began is not None and not (c.start_written or c.settled or c.lost)
-        ]
-        return min(begun) + self.START_WRITE_SECONDS if begun else float("inf")
+        """When the next heartbeat round is due for a start or a report to write
+        (monotonic; inf when no job in hand needs one): a job that has run
+        START_WRITE_SECONDS unrecorded, or whose handler's progress or output has waited
+        that long (``JobContext.report_since``): one write a second at most, whatever the
+        rate of its reports."""
+        due = float("inf")
+        for c in self.in_flight.values():
+            if c.settled or c.lost:
+                continue
+            if c.began is not None and not c.start_written:
+                due = min(due, c.began)
+            since = c.report_since
+            if since is not None:
+                due = min(due, since)
+        return due + self.START_WRITE_SECONDS
 
     def _soon_threads(self) -> int:
         """Threads that may take a job soon: idle, or on a job that has run less than

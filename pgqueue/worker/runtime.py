@@ -126,7 +126,7 @@ class WorkerLoop(JobsInHand):
             unknown_task_delay=float(pgqueue_settings.UNKNOWN_TASK_DELAY_SECONDS),
             clock=self.clock,
         )
-        self.heartbeats = Heartbeats(self.id, self.lease, self.wake_event.set)
+        self.heartbeats = Heartbeats(self.id, self.lease, self.wake_event.set, self.clock)
         self.stops = JobStops(self.id, self.heartbeats, self.recorder)  # cancels, timeouts
         self.listener = Listener(
             connect_params(alias, application_name=f"pgqueue listener {self.id}"[:63]),
@@ -276,6 +276,7 @@ class WorkerLoop(JobsInHand):
         if self.recorder.unrunnable:  # a give-back a lost connection interrupted
             self.recorder.give_back(self.db)
         self._take_outcomes()
+        self._write_reports()
         want = self._want()
         if not self.pending and not want:
             return False
@@ -401,6 +402,17 @@ class WorkerLoop(JobsInHand):
     def _request_heartbeat(self, timeout: float) -> None:
         self.heartbeats.request(timeout)
 
+    def _write_reports(self) -> None:
+        """A heartbeat round before the outcomes of ``pending`` are recorded when one of
+        their handlers reported progress or output the rounds have not written yet: its
+        last report is kept, and the round is fenced as the outcome will be. Costs a
+        statement in the turns that record such a job only."""
+        if any(
+            o.ctx.report_since is not None and not (o.ctx.settled or o.ctx.lost)
+            for o in self.pending
+        ):
+            self._heartbeat()
+
     def _heartbeat(self) -> None:
         assert self.db is not None
         with self.db.cursor() as cur:
@@ -465,6 +477,7 @@ class WorkerLoop(JobsInHand):
                 if self.recorder.unrunnable:
                     self.recorder.give_back(self.db)
                 self._take_outcomes()
+                self._write_reports()
                 self.recorder.flush(self.db, self.pending)
                 with self.db.cursor() as cur:
                     store.stop_worker(cur, worker=self.id)

@@ -456,3 +456,45 @@ def wf_leaf(payload, job):
 
 if os.environ.get("TESTS_SIGNAL_LOG"):
     from tests.taskapp import signal_receivers  # noqa: F401  (tests/test_retry_policies.py)
+
+
+# -- progress and output (tests/test_progress.py) -------------------------------------------
+
+
+def _wait_file(path, timeout):
+    deadline = time.monotonic() + timeout
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear")
+        time.sleep(0.01)
+
+
+@pgqueue.task(name="test.progress")
+def report_progress(payload, job):
+    """Report progress ``calls`` times (done i of calls, note "step i", ``pace`` seconds
+    apart), then the output {"calls": calls}; touch ``<reported>`` and, with ``release``,
+    wait for that file, then report ``final`` progress and output ({"final": True}).
+    ``output_bytes``: then report an output that large (its InvalidJob raised unless
+    ``catch``: caught, touch ``<refused>``). ``fail``: raise at the end."""
+    calls = payload.get("calls", 1)
+    for i in range(1, calls + 1):
+        job.progress(i, calls, note=f"step {i}")
+        if payload.get("pace"):
+            time.sleep(payload["pace"])
+    job.output({"calls": calls})
+    _note(payload, "reported", "1")
+    if payload.get("release"):
+        _wait_file(payload["release"], payload.get("timeout", 30))
+    if payload.get("final"):
+        job.progress(calls, calls, note="final")
+        job.output({"final": True})
+    if payload.get("output_bytes"):
+        try:
+            job.output("x" * payload["output_bytes"])
+        except pgqueue.InvalidJob:
+            if not payload.get("catch"):
+                raise
+            _note(payload, "refused", "1")
+    if payload.get("fail"):
+        raise RuntimeError("failed on purpose")
+    return {"ok": True}
