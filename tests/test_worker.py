@@ -361,6 +361,37 @@ def run_first_hold_second(worker: WorkerLoop, first: int, second: int) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_thread_freed_after_a_stop_request_starts_no_job_claimed_ahead() -> None:
+    """A stop asked (what SIGTERM's handler does) while a job claimed ahead waits for the
+    one thread: the running job ends before the loop has turned to give the waiting one
+    back. The freed thread must not start it: it stays unstarted, and the loop's give-back
+    queues it again. Fails without JobExecutor.stop_starting, which _stop_now calls first:
+    the thread would run the second job as soon as the first one ended.
+    """
+    gate = threading.Event()
+    GATES["late-loop"] = gate
+    first, _ = pgqueue.enqueue("test.gate", {"gate": "late-loop"}, tenant="acme", queue="q")
+    second, _ = pgqueue.enqueue("test.noop", {}, tenant="acme", queue="q")
+    worker = WorkerLoop(queues=["q"], concurrency=1)
+    try:
+        run_first_hold_second(worker, first.id, second.id)
+        worker._stop_now()  # the loop does not turn meanwhile
+        gate.set()
+        wait_for(lambda: worker.outcomes.qsize() == 1, 10, "the first job's outcome")
+        wait_for(lambda: worker.executor.queued() == 0, 10, "the thread to take the queue")
+        assert not worker.in_flight[second.id].started
+        worker._release_unstarted()
+        row = Job.objects.get(pk=second.id)
+        assert (row.status, row.attempts) == ("queued", 0)
+    finally:
+        gate.set()
+        worker._shutdown()
+        del GATES["late-loop"]
+    assert status(first.id) == "done"
+    assert history(second.id) == []
+
+
+@pytest.mark.django_db(transaction=True)
 def test_stop_releases_claimed_but_unstarted_jobs() -> None:
     """On stop, a job claimed but not started is given back at once, keeping its place.
 

@@ -155,6 +155,13 @@ class JobExecutor:
         #: first since the last round (the loop must know to write it): wakes the loop.
         self.timing = timing
         self._jobs: queue.SimpleQueue[JobContext | None] = queue.SimpleQueue()
+        #: Set when the worker is asked to stop (``stop_starting``): a thread that frees up
+        #: then starts no job it takes from the queue, but keeps it in ``_declined`` for
+        #: ``take_unstarted``, so that a job claimed ahead is given back, not run, however
+        #: late the loop comes to give the queued ones back.
+        self._no_new_starts = threading.Event()
+        self._declined: list[JobContext] = []
+        self._declined_lock = threading.Lock()
         self._pool: list[threading.Thread] = []  # started with the first job
         self._events: EventLoopThread | None = None
         self._events_lock = threading.Lock()
@@ -203,9 +210,15 @@ class JobExecutor:
         """Jobs waiting for a thread (approximate while the threads take them)."""
         return self._jobs.qsize()
 
+    def stop_starting(self) -> None:
+        """From now on no thread starts a job it has not started yet (the worker stops: it
+        gives those back). Safe from any thread."""
+        self._no_new_starts.set()
+
     def take_unstarted(self) -> list[JobContext]:
-        """Take back every job no thread has taken yet: none of them will run here."""
-        taken: list[JobContext] = []
+        """Take back every job no thread has started: none of them will run here."""
+        with self._declined_lock:
+            taken, self._declined = self._declined, []
         stops = 0
         while True:
             try:
@@ -248,6 +261,10 @@ class JobExecutor:
             if ctx.settled or ctx.lost:  # cancelled, or recovered elsewhere: not run at all
                 why = ctx.stop_reason or "lease lost"
                 self.deliver(HandlerOutcome(ctx, ok=False, error=f"not run: {why}"))
+                continue
+            if self._no_new_starts.is_set():  # stopping: kept for take_unstarted, given back
+                with self._declined_lock:
+                    self._declined.append(ctx)
                 continue
             ctx.mark_started()
             if ctx.timeout is not None and self.timing is not None:

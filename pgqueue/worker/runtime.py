@@ -160,6 +160,7 @@ class WorkerLoop(JobsInHand):
         threading.Thread(target=self._stop_now, name="pgqueue-stop", daemon=True).start()
 
     def _stop_now(self) -> None:
+        self.executor.stop_starting()  # first: a thread freed meanwhile starts nothing new
         self.stopping.set()
         self.wake_event.set()
 
@@ -476,6 +477,11 @@ class WorkerLoop(JobsInHand):
                     self._register_on(self.db)
                 if self.recorder.unrunnable:
                     self.recorder.give_back(self.db)
+                # A job a thread took from the queue as the loop gave the queued ones back,
+                # and did not start (the stop came first): given back too.
+                late = self._take_unstarted()
+                if late:
+                    self.recorder.release(self.db, late)
                 self._take_outcomes()
                 self._write_reports()
                 self.recorder.flush(self.db, self.pending)
